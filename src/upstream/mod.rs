@@ -1,0 +1,278 @@
+//! Upstreams: the proxies (or direct egress) a request can leave through.
+//!
+//! An upstream is configured as a URL. Its [`UpstreamId`] is derived without the credentials, so
+//! the id can be logged, shown in `/status` and sent to clients in `X-Pool-Upstream`.
+
+pub mod connect;
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+/// Stable, credential-free name of an upstream (`http://host:port`, `direct://`, or an explicit
+/// `#name` fragment from the URL).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UpstreamId(Arc<str>);
+
+impl UpstreamId {
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for UpstreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for UpstreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
+/// How the gateway talks to an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// Plain HTTP proxy: absolute-form requests, CONNECT for tunnels.
+    Http,
+    /// HTTP proxy reached over TLS.
+    Https,
+    /// SOCKS5; the gateway resolves target names itself.
+    Socks5,
+    /// SOCKS5; target names are resolved by the proxy.
+    Socks5h,
+    /// No proxy: egress from this machine, optionally from a given local address.
+    Direct,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+            Scheme::Socks5 => "socks5",
+            Scheme::Socks5h => "socks5h",
+            Scheme::Direct => "direct",
+        }
+    }
+
+    /// Whether plain-HTTP requests are sent to the upstream in absolute form (an HTTP proxy),
+    /// rather than through a tunnel opened to the target.
+    pub fn speaks_http_proxy(self) -> bool {
+        matches!(self, Scheme::Http | Scheme::Https)
+    }
+}
+
+/// Credentials the gateway presents to an upstream. `Debug` never prints them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Credentials(<redacted>)")
+    }
+}
+
+impl Credentials {
+    /// The `Proxy-Authorization` value for an HTTP proxy upstream.
+    pub fn basic_header(&self) -> String {
+        use base64::Engine as _;
+        let raw = format!("{}:{}", self.username, self.password);
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(raw)
+        )
+    }
+}
+
+/// One configured upstream.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    pub id: UpstreamId,
+    pub scheme: Scheme,
+    /// Proxy host (name or IP literal, without brackets); empty for `direct`.
+    pub host: String,
+    /// Proxy port; 0 for `direct`.
+    pub port: u16,
+    /// Local address to bind outgoing connections to (`direct://<ip>` only).
+    pub bind: Option<IpAddr>,
+    pub credentials: Option<Credentials>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum UpstreamUrlError {
+    #[error("expected <scheme>://[user:pass@]host:port, with scheme http, https, socks5, socks5h or direct")]
+    Syntax,
+    #[error("unsupported scheme `{0}` (use http, https, socks5, socks5h or direct)")]
+    Scheme(String),
+    #[error("missing or invalid port")]
+    Port,
+    #[error("missing host")]
+    Host,
+    #[error("direct:// takes only an optional local IP address to bind to")]
+    DirectBind,
+    #[error("invalid percent-encoding in credentials")]
+    Credentials,
+}
+
+impl Upstream {
+    /// Parses `scheme://[user:pass@]host:port[#id]` or `direct://[bind-ip][#id]`.
+    ///
+    /// Errors never echo the input: it may hold a password.
+    pub fn parse(url: &str) -> Result<Self, UpstreamUrlError> {
+        let url = url.trim();
+        let (url, explicit_id) = match url.split_once('#') {
+            Some((u, id)) if !id.is_empty() => (u, Some(id)),
+            Some((u, _)) => (u, None),
+            None => (url, None),
+        };
+        let (scheme, rest) = url.split_once("://").ok_or(UpstreamUrlError::Syntax)?;
+        let scheme = match scheme.to_ascii_lowercase().as_str() {
+            "http" => Scheme::Http,
+            "https" => Scheme::Https,
+            "socks5" => Scheme::Socks5,
+            "socks5h" => Scheme::Socks5h,
+            "direct" => Scheme::Direct,
+            other => return Err(UpstreamUrlError::Scheme(other.to_string())),
+        };
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if scheme == Scheme::Direct {
+            let bind = if rest.is_empty() {
+                None
+            } else {
+                let ip = rest.trim_start_matches('[').trim_end_matches(']');
+                Some(ip.parse().map_err(|_| UpstreamUrlError::DirectBind)?)
+            };
+            let id = match (explicit_id, bind) {
+                (Some(id), _) => id.to_string(),
+                (None, None) => "direct://".to_string(),
+                (None, Some(ip)) => format!("direct://{ip}"),
+            };
+            return Ok(Upstream {
+                id: UpstreamId::new(id),
+                scheme,
+                host: String::new(),
+                port: 0,
+                bind,
+                credentials: None,
+            });
+        }
+        if rest.contains('/') || rest.contains('?') {
+            return Err(UpstreamUrlError::Syntax);
+        }
+        let (userinfo, hostport) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, rest),
+        };
+        let credentials = match userinfo {
+            None => None,
+            Some(u) => {
+                let (user, pass) = u.split_once(':').unwrap_or((u, ""));
+                Some(Credentials {
+                    username: percent_decode(user)?,
+                    password: percent_decode(pass)?,
+                })
+            }
+        };
+        let (host, port) = split_host_port(hostport)?;
+        let id = match explicit_id {
+            Some(id) => id.to_string(),
+            None if host.contains(':') => format!("{}://[{host}]:{port}", scheme.as_str()),
+            None => format!("{}://{host}:{port}", scheme.as_str()),
+        };
+        Ok(Upstream {
+            id: UpstreamId::new(id),
+            scheme,
+            host,
+            port,
+            bind: None,
+            credentials,
+        })
+    }
+}
+
+/// Splits `host:port` or `[v6]:port`; the port is required.
+pub(crate) fn split_host_port(s: &str) -> Result<(String, u16), UpstreamUrlError> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, p) = rest.split_once(']').ok_or(UpstreamUrlError::Host)?;
+        (h, p.strip_prefix(':').ok_or(UpstreamUrlError::Port)?)
+    } else {
+        s.rsplit_once(':').ok_or(UpstreamUrlError::Port)?
+    };
+    if host.is_empty() {
+        return Err(UpstreamUrlError::Host);
+    }
+    let port: u16 = port.parse().map_err(|_| UpstreamUrlError::Port)?;
+    if port == 0 {
+        return Err(UpstreamUrlError::Port);
+    }
+    Ok((host.to_ascii_lowercase(), port))
+}
+
+fn percent_decode(s: &str) -> Result<String, UpstreamUrlError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).ok_or(UpstreamUrlError::Credentials)?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| UpstreamUrlError::Credentials)?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| UpstreamUrlError::Credentials)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_scheme_and_hides_credentials_from_the_id() {
+        let u = Upstream::parse("http://alice:s%40cret@10.0.0.1:3128").unwrap();
+        assert_eq!(u.id.as_str(), "http://10.0.0.1:3128");
+        assert_eq!(u.scheme, Scheme::Http);
+        let c = u.credentials.unwrap();
+        assert_eq!((c.username.as_str(), c.password.as_str()), ("alice", "s@cret"));
+        assert!(!format!("{c:?}").contains("cret"));
+
+        let u = Upstream::parse("socks5h://u:p@[::1]:1080#eu-1").unwrap();
+        assert_eq!((u.scheme, u.host.as_str(), u.port), (Scheme::Socks5h, "::1", 1080));
+        assert_eq!(u.id.as_str(), "eu-1");
+
+        let u = Upstream::parse("direct://").unwrap();
+        assert_eq!((u.scheme, u.id.as_str(), u.bind), (Scheme::Direct, "direct://", None));
+        let u = Upstream::parse("direct://127.0.0.2").unwrap();
+        assert_eq!(u.bind, Some("127.0.0.2".parse().unwrap()));
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_echoing_them() {
+        for bad in [
+            "ftp://h:1",
+            "http://h",
+            "http://h:0",
+            "http://:80",
+            "http://u:p@h:1/path",
+            "direct://not-an-ip",
+            "nonsense",
+        ] {
+            let err = Upstream::parse(bad).unwrap_err();
+            assert!(!err.to_string().contains("u:p"), "{bad}: {err}");
+        }
+    }
+}
