@@ -1,1 +1,122 @@
-fn main() {}
+//! The `poolgate` command: run the gateway, check a config, or print a running gateway's status.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use poolgate::config::Config;
+
+/// Exit status for a config that does not validate (EX_CONFIG is 78; 64 is EX_USAGE: the
+/// operator's input is wrong either way, and scripts only need "not zero").
+const EXIT_BAD_CONFIG: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "poolgate",
+    version,
+    about = "HTTP forward-proxy gateway that pools upstream proxies"
+)]
+struct Cli {
+    /// Config file.
+    #[arg(long, short, global = true, default_value = "gateway.toml")]
+    config: PathBuf,
+    /// Log format.
+    #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Run,
+    /// Validate the config file and exit: 0 when valid, non-zero with every problem listed.
+    Check,
+    /// Print the admin /status of a running gateway.
+    Status {
+        /// Admin address; defaults to the config's server.admin_listen.
+        #[arg(long)]
+        admin: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.log_format);
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check => match Config::load(&cli.config) {
+            Ok(c) => {
+                println!(
+                    "{}: ok ({} pool(s), {} upstream(s))",
+                    cli.config.display(),
+                    c.pools.len(),
+                    c.pools.values().map(|p| p.upstreams.len()).sum::<usize>()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_BAD_CONFIG)
+            }
+        },
+        Command::Run => {
+            let config = match Config::load(&cli.config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(EXIT_BAD_CONFIG);
+                }
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("poolgate: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let code = rt.block_on(poolgate::app::run(config));
+            // Tunnels still open after the grace period are abandoned, not awaited.
+            rt.shutdown_timeout(std::time::Duration::from_millis(100));
+            ExitCode::from(code as u8)
+        }
+        Command::Status { admin } => {
+            let addr = match admin {
+                Some(a) => a,
+                None => match Config::load(&cli.config) {
+                    Ok(c) => c.server.admin_listen.to_string(),
+                    Err(e) => {
+                        eprintln!("{e}");
+                        return ExitCode::from(EXIT_BAD_CONFIG);
+                    }
+                },
+            };
+            match poolgate::admin::client::fetch_status(&addr) {
+                Ok(body) => {
+                    println!("{body}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("poolgate status: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_tracing(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("POOLGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

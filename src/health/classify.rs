@@ -17,10 +17,12 @@ pub enum Outcome {
     Blocked,
     /// A 5xx from the origin.
     OriginError,
+    /// The client went away before the exchange ended: nobody's fault, moves no health.
+    Cancelled,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Ok,
         Outcome::ConnectError,
         Outcome::Timeout,
@@ -29,6 +31,7 @@ impl Outcome {
         Outcome::Captcha,
         Outcome::Blocked,
         Outcome::OriginError,
+        Outcome::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +44,7 @@ impl Outcome {
             Outcome::Captcha => "captcha",
             Outcome::Blocked => "blocked",
             Outcome::OriginError => "origin-error",
+            Outcome::Cancelled => "cancelled",
         }
     }
 
@@ -52,6 +56,11 @@ impl Outcome {
     pub fn is_success(self) -> bool {
         matches!(self, Outcome::Ok | Outcome::OriginError)
     }
+
+    /// Whether the outcome says anything about the upstream at all.
+    pub fn is_judgement(self) -> bool {
+        self != Outcome::Cancelled
+    }
 }
 
 impl fmt::Display for Outcome {
@@ -61,8 +70,7 @@ impl fmt::Display for Outcome {
 }
 
 /// First cut of response classification from the status line and headers alone (body sniffing
-/// comes with the health engine). `via_http_proxy` is true when the response came through an
-/// HTTP proxy upstream, which can itself answer 407 or 5xx.
+/// comes with the health engine).
 pub fn classify_response(status: http::StatusCode, headers: &http::HeaderMap) -> Outcome {
     let challenge = headers
         .get("cf-mitigated")
@@ -91,13 +99,28 @@ mod tests {
             classify_response(StatusCode::PROXY_AUTHENTICATION_REQUIRED, &none),
             Outcome::UpstreamError
         );
-        assert_eq!(classify_response(StatusCode::TOO_MANY_REQUESTS, &none), Outcome::Blocked);
-        assert_eq!(classify_response(StatusCode::BAD_GATEWAY, &none), Outcome::OriginError);
+        assert_eq!(
+            classify_response(StatusCode::TOO_MANY_REQUESTS, &none),
+            Outcome::Blocked
+        );
+        assert_eq!(
+            classify_response(StatusCode::BAD_GATEWAY, &none),
+            Outcome::OriginError
+        );
         let mut h = HeaderMap::new();
-        h.insert("proxy-status", HeaderValue::from_static("squid; error=connection_refused"));
-        assert_eq!(classify_response(StatusCode::BAD_GATEWAY, &h), Outcome::UpstreamError);
+        h.insert(
+            "proxy-status",
+            HeaderValue::from_static("squid; error=connection_refused"),
+        );
+        assert_eq!(
+            classify_response(StatusCode::BAD_GATEWAY, &h),
+            Outcome::UpstreamError
+        );
         let mut h = HeaderMap::new();
         h.insert("cf-mitigated", HeaderValue::from_static("challenge"));
-        assert_eq!(classify_response(StatusCode::FORBIDDEN, &h), Outcome::Captcha);
+        assert_eq!(
+            classify_response(StatusCode::FORBIDDEN, &h),
+            Outcome::Captcha
+        );
     }
 }

@@ -4,6 +4,8 @@
 //! the id can be logged, shown in `/status` and sent to clients in `X-Pool-Upstream`.
 
 pub mod connect;
+pub mod reuse;
+pub mod tls;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -112,7 +114,9 @@ pub struct Upstream {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum UpstreamUrlError {
-    #[error("expected <scheme>://[user:pass@]host:port, with scheme http, https, socks5, socks5h or direct")]
+    #[error(
+        "expected <scheme>://[user:pass@]host:port, with scheme http, https, socks5, socks5h or direct"
+    )]
     Syntax,
     #[error("unsupported scheme `{0}` (use http, https, socks5, socks5h or direct)")]
     Scheme(String),
@@ -247,15 +251,24 @@ mod tests {
         assert_eq!(u.id.as_str(), "http://10.0.0.1:3128");
         assert_eq!(u.scheme, Scheme::Http);
         let c = u.credentials.unwrap();
-        assert_eq!((c.username.as_str(), c.password.as_str()), ("alice", "s@cret"));
+        assert_eq!(
+            (c.username.as_str(), c.password.as_str()),
+            ("alice", "s@cret")
+        );
         assert!(!format!("{c:?}").contains("cret"));
 
         let u = Upstream::parse("socks5h://u:p@[::1]:1080#eu-1").unwrap();
-        assert_eq!((u.scheme, u.host.as_str(), u.port), (Scheme::Socks5h, "::1", 1080));
+        assert_eq!(
+            (u.scheme, u.host.as_str(), u.port),
+            (Scheme::Socks5h, "::1", 1080)
+        );
         assert_eq!(u.id.as_str(), "eu-1");
 
         let u = Upstream::parse("direct://").unwrap();
-        assert_eq!((u.scheme, u.id.as_str(), u.bind), (Scheme::Direct, "direct://", None));
+        assert_eq!(
+            (u.scheme, u.id.as_str(), u.bind),
+            (Scheme::Direct, "direct://", None)
+        );
         let u = Upstream::parse("direct://127.0.0.2").unwrap();
         assert_eq!(u.bind, Some("127.0.0.2".parse().unwrap()));
     }

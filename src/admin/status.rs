@@ -1,0 +1,95 @@
+//! The `/status` document. Field names are a public contract (README "Status"): snake_case, units
+//! in the names, never an upstream credential.
+
+use serde::Serialize;
+
+use crate::state::Gateway;
+use crate::store::{MemberStatus, Store};
+
+#[derive(Serialize)]
+pub struct Status {
+    pub instance_id: String,
+    pub version: &'static str,
+    pub uptime_s: u64,
+    pub store: StoreStatus,
+    pub pools: Vec<PoolView>,
+}
+
+#[derive(Serialize)]
+pub struct StoreStatus {
+    pub kind: &'static str,
+    /// `ok`, or `degraded` when the store cannot be reached.
+    pub health: &'static str,
+}
+
+#[derive(Serialize)]
+pub struct PoolView {
+    pub name: String,
+    pub default: bool,
+    pub strategy: &'static str,
+    pub max_concurrency: Option<u32>,
+    pub upstreams_total: usize,
+    pub sessions_live: u64,
+    pub leases_live: u64,
+    pub upstreams: Vec<UpstreamView>,
+}
+
+#[derive(Serialize)]
+pub struct UpstreamView {
+    pub id: String,
+    pub scheme: &'static str,
+    pub state: &'static str,
+    #[serde(flatten)]
+    pub stats: MemberStatus,
+}
+
+pub async fn collect(gw: &Gateway) -> Status {
+    let pools = gw.pools.load_full();
+    let mut views = Vec::new();
+    let mut store_ok = true;
+    for pool in pools.iter() {
+        let st = match gw.store.status(pool.name()).await {
+            Ok(st) => st,
+            Err(e) => {
+                tracing::warn!(pool = pool.name(), error = %e, "store status failed");
+                store_ok = false;
+                Default::default()
+            }
+        };
+        let upstreams: Vec<UpstreamView> = st
+            .members
+            .into_iter()
+            .map(|m| {
+                let scheme = pool
+                    .upstream(&crate::upstream::UpstreamId::new(m.id.as_str()))
+                    .map_or("unknown", |u| u.scheme.as_str());
+                UpstreamView {
+                    id: m.id.clone(),
+                    scheme,
+                    state: "healthy",
+                    stats: m,
+                }
+            })
+            .collect();
+        views.push(PoolView {
+            name: pool.name().to_string(),
+            default: pool.name() == gw.config.default_pool,
+            strategy: pool.config.strategy.as_str(),
+            max_concurrency: pool.config.max_concurrency.map(|n| n.get()),
+            upstreams_total: pool.config.upstreams.len(),
+            sessions_live: st.sessions_live,
+            leases_live: upstreams.iter().map(|u| u.stats.leases_live).sum(),
+            upstreams,
+        });
+    }
+    Status {
+        instance_id: gw.instance_id.clone(),
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_s: gw.started.elapsed().as_secs(),
+        store: StoreStatus {
+            kind: gw.store.kind(),
+            health: if store_ok { "ok" } else { "degraded" },
+        },
+        pools: views,
+    }
+}

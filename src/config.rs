@@ -1,0 +1,706 @@
+//! Configuration: the TOML file as written (serde structs that reject unknown keys) and the
+//! validated [`Config`] the gateway runs on.
+//!
+//! Validation happens once, at load, and reports every problem at once, each naming its key, so a
+//! broken file is fixed in one edit rather than one error at a time.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::upstream::Upstream;
+
+pub const DEFAULT_PROXY_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
+pub const DEFAULT_POOL: &str = "default";
+/// How long a client may take to send a request head before the connection is closed.
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Largest request head (request line + headers) accepted from a client.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const MIN_MAX_HEADER_BYTES: usize = 8 * 1024;
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
+/// How long in-flight requests and tunnels get to finish after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
+/// Bound on DNS + TCP + TLS + CONNECT/SOCKS handshake to an upstream.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// Bound on waiting for an upstream's response head after the request was sent.
+pub const DEFAULT_RESPONSE_TIMEOUT_MS: u64 = 60_000;
+/// Idle keep-alive connections to upstreams are closed after this long.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_UPSTREAM_MAX_IDLE_PER_KEY: usize = 32;
+pub const DEFAULT_QUEUE_TIMEOUT_MS: u64 = 5_000;
+pub const DEFAULT_SESSION_TTL_MS: u64 = 10 * 60_000;
+pub const MAX_SESSION_TTL_MS: u64 = 24 * 3_600_000;
+/// A lease outlives the longest exchange; tunnels renew theirs while open.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 10 * 60_000;
+pub const MIN_LEASE_TTL_MS: u64 = 1_000;
+pub const DEFAULT_RETRIES: u32 = 2;
+pub const MAX_RETRIES: u32 = 10;
+
+// ---------------------------------------------------------------------------------------------
+// The file as written.
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    server: FileServer,
+    #[serde(default)]
+    store: FileStore,
+    #[serde(default)]
+    policy: FilePolicy,
+    #[serde(default)]
+    upstream_tls: FileUpstreamTls,
+    #[serde(default)]
+    pools: BTreeMap<String, FilePool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileServer {
+    listen: Option<String>,
+    admin_listen: Option<String>,
+    admin_token: Option<String>,
+    default_pool: Option<String>,
+    header_read_timeout: Option<String>,
+    max_header_bytes: Option<usize>,
+    max_connections: Option<u32>,
+    shutdown_grace: Option<String>,
+    connect_timeout: Option<String>,
+    response_timeout: Option<String>,
+    upstream_idle_timeout: Option<String>,
+    upstream_max_idle_per_key: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileStore {
+    kind: Option<String>,
+    url: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePolicy {
+    connect_ports: Option<Vec<u16>>,
+    allow_private_targets: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileUpstreamTls {
+    ca_file: Option<PathBuf>,
+    system_roots: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilePool {
+    upstreams: Option<Vec<String>>,
+    upstreams_file: Option<PathBuf>,
+    strategy: Option<String>,
+    max_concurrency: Option<u32>,
+    queue_timeout: Option<String>,
+    session_ttl: Option<String>,
+    lease_ttl: Option<String>,
+    retries: Option<u32>,
+    rebind_on_failure: Option<bool>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The validated configuration.
+
+/// Everything the gateway runs on, validated.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub store: StoreConfig,
+    pub policy: PolicyConfig,
+    pub upstream_tls: UpstreamTlsConfig,
+    /// Pools by name; never empty.
+    pub pools: BTreeMap<String, PoolConfig>,
+    /// The pool used when a request names none.
+    pub default_pool: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// Required for admin actions, and for any admin address that is not loopback.
+    pub admin_token: Option<String>,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_connections: u32,
+    pub shutdown_grace: Duration,
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+    pub upstream_idle_timeout: Duration,
+    pub upstream_max_idle_per_key: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// Embedded, single instance.
+    Memory,
+    /// Shared by many instances.
+    Redis { url: String },
+}
+
+impl StoreConfig {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreConfig::Memory => "memory",
+            StoreConfig::Redis { .. } => "redis",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PolicyConfig {
+    /// Ports a CONNECT may target.
+    pub connect_ports: Vec<u16>,
+    /// Lets clients reach loopback, private, link-local and metadata addresses. Off by default:
+    /// an open path into the gateway's own network is the classic forward-proxy hole.
+    pub allow_private_targets: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct UpstreamTlsConfig {
+    /// Extra CA certificates (PEM) trusted for `https://` upstream proxies.
+    pub ca_file: Option<PathBuf>,
+    /// Whether the system's roots are trusted too.
+    pub system_roots: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    LeastUsed,
+    LeastConnections,
+    RoundRobin,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::LeastUsed => "least-used",
+            Strategy::LeastConnections => "least-connections",
+            Strategy::RoundRobin => "round-robin",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub name: String,
+    pub upstreams: Vec<Upstream>,
+    pub strategy: Strategy,
+    /// Live leases allowed per upstream across all instances; `None` is unlimited.
+    pub max_concurrency: Option<NonZeroU32>,
+    pub queue_timeout: Duration,
+    pub session_ttl: Duration,
+    pub lease_ttl: Duration,
+    /// Further upstreams tried when connecting fails before anything was sent.
+    pub retries: u32,
+    /// Whether a session whose upstream is unavailable moves to another one instead of failing.
+    pub rebind_on_failure: bool,
+}
+
+/// Every problem found in a config file, each naming its key.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub source_name: String,
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid config {}:", self.source_name)?;
+        for p in &self.problems {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Reads and validates a config file. Relative paths inside it (upstreams files, CA files)
+    /// are taken relative to the file's folder.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            source_name: name.clone(),
+            problems: vec![format!("cannot read the file: {e}")],
+        })?;
+        Self::parse(&text, &name, path.parent())
+    }
+
+    /// Validates config text; `base` resolves relative paths.
+    pub fn parse(
+        text: &str,
+        source_name: &str,
+        base: Option<&Path>,
+    ) -> Result<Config, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError {
+            source_name: source_name.to_string(),
+            problems: vec![describe_toml_error(text, &e)],
+        })?;
+        let mut v = Validator {
+            problems: Vec::new(),
+            base: base.map(Path::to_path_buf),
+        };
+        let config = v.config(file);
+        match config {
+            Some(c) if v.problems.is_empty() => Ok(c),
+            _ => Err(ConfigError {
+                source_name: source_name.to_string(),
+                problems: v.problems,
+            }),
+        }
+    }
+
+    pub fn pool(&self, name: &str) -> Option<&PoolConfig> {
+        self.pools.get(name)
+    }
+}
+
+fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim();
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {msg}")
+        }
+        None => msg.to_string(),
+    }
+}
+
+struct Validator {
+    problems: Vec<String>,
+    base: Option<PathBuf>,
+}
+
+impl Validator {
+    fn problem(&mut self, key: &str, msg: impl fmt::Display) {
+        self.problems.push(format!("{key}: {msg}"));
+    }
+
+    fn duration(&mut self, key: &str, value: Option<&str>, default_ms: u64) -> Duration {
+        match value {
+            None => Duration::from_millis(default_ms),
+            Some(s) => match humantime::parse_duration(s) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    self.problem(key, "must be greater than zero");
+                    Duration::from_millis(default_ms)
+                }
+                Err(e) => {
+                    self.problem(
+                        key,
+                        format!("`{s}` is not a duration like \"5s\" or \"10m\" ({e})"),
+                    );
+                    Duration::from_millis(default_ms)
+                }
+            },
+        }
+    }
+
+    fn addr(&mut self, key: &str, value: Option<&str>, default: &str) -> SocketAddr {
+        let s = value.unwrap_or(default);
+        match s.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                self.problem(
+                    key,
+                    format!("`{s}` is not an address like \"127.0.0.1:8080\""),
+                );
+                SocketAddr::from(([127, 0, 0, 1], 0))
+            }
+        }
+    }
+
+    fn path(&self, p: &Path) -> PathBuf {
+        match &self.base {
+            Some(base) if p.is_relative() => base.join(p),
+            _ => p.to_path_buf(),
+        }
+    }
+
+    fn config(&mut self, f: FileConfig) -> Option<Config> {
+        let default_pool_name = f.server.default_pool.clone();
+        let server = self.server(f.server);
+        let store = self.store(&f.store);
+        let policy = self.policy(&f.policy);
+        let upstream_tls = UpstreamTlsConfig {
+            ca_file: f.upstream_tls.ca_file.as_deref().map(|p| self.path(p)),
+            system_roots: f.upstream_tls.system_roots.unwrap_or(true),
+        };
+        if let Some(ca) = &upstream_tls.ca_file {
+            if !ca.is_file() {
+                self.problem(
+                    "upstream_tls.ca_file",
+                    format!("no such file: {}", ca.display()),
+                );
+            }
+        }
+
+        let mut pools = BTreeMap::new();
+        if f.pools.is_empty() {
+            self.problem("pools", "at least one pool is required, e.g. [pools.default] with upstreams = [\"direct://\"]");
+        }
+        for (name, p) in f.pools {
+            if let Some(pool) = self.pool(&name, p) {
+                pools.insert(name, pool);
+            }
+        }
+        let default_pool = match default_pool_name {
+            Some(name) => {
+                if !pools.contains_key(&name) && self.problems.is_empty() {
+                    self.problem("server.default_pool", format!("no pool named `{name}`"));
+                }
+                name
+            }
+            None if pools.len() == 1 => pools.keys().next().cloned().unwrap_or_default(),
+            None => {
+                if !pools.contains_key(DEFAULT_POOL) && !pools.is_empty() {
+                    self.problem(
+                        "server.default_pool",
+                        "several pools and none named `default`: name the default pool",
+                    );
+                }
+                DEFAULT_POOL.to_string()
+            }
+        };
+        if !server.admin_listen.ip().is_loopback() && server.admin_token.is_none() {
+            self.problem(
+                "server.admin_token",
+                "required when server.admin_listen is not a loopback address",
+            );
+        }
+        if server.listen == server.admin_listen && server.listen.port() != 0 {
+            self.problem("server.admin_listen", "must differ from server.listen");
+        }
+        Some(Config {
+            server,
+            store,
+            policy,
+            upstream_tls,
+            pools,
+            default_pool,
+        })
+    }
+
+    fn server(&mut self, s: FileServer) -> ServerConfig {
+        let max_header_bytes = s.max_header_bytes.unwrap_or(DEFAULT_MAX_HEADER_BYTES);
+        if max_header_bytes < MIN_MAX_HEADER_BYTES {
+            self.problem(
+                "server.max_header_bytes",
+                format!("must be at least {MIN_MAX_HEADER_BYTES}"),
+            );
+        }
+        let max_connections = s.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            self.problem("server.max_connections", "must be greater than zero");
+        }
+        if s.admin_token.as_deref().is_some_and(|t| t.len() < 16) {
+            self.problem("server.admin_token", "must be at least 16 characters");
+        }
+        ServerConfig {
+            listen: self.addr("server.listen", s.listen.as_deref(), DEFAULT_PROXY_LISTEN),
+            admin_listen: self.addr(
+                "server.admin_listen",
+                s.admin_listen.as_deref(),
+                DEFAULT_ADMIN_LISTEN,
+            ),
+            admin_token: s.admin_token,
+            header_read_timeout: self.duration(
+                "server.header_read_timeout",
+                s.header_read_timeout.as_deref(),
+                DEFAULT_HEADER_READ_TIMEOUT_MS,
+            ),
+            max_header_bytes,
+            max_connections,
+            shutdown_grace: self.duration(
+                "server.shutdown_grace",
+                s.shutdown_grace.as_deref(),
+                DEFAULT_SHUTDOWN_GRACE_MS,
+            ),
+            connect_timeout: self.duration(
+                "server.connect_timeout",
+                s.connect_timeout.as_deref(),
+                DEFAULT_CONNECT_TIMEOUT_MS,
+            ),
+            response_timeout: self.duration(
+                "server.response_timeout",
+                s.response_timeout.as_deref(),
+                DEFAULT_RESPONSE_TIMEOUT_MS,
+            ),
+            upstream_idle_timeout: self.duration(
+                "server.upstream_idle_timeout",
+                s.upstream_idle_timeout.as_deref(),
+                DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS,
+            ),
+            upstream_max_idle_per_key: s
+                .upstream_max_idle_per_key
+                .unwrap_or(DEFAULT_UPSTREAM_MAX_IDLE_PER_KEY),
+        }
+    }
+
+    fn store(&mut self, s: &FileStore) -> StoreConfig {
+        match (s.kind.as_deref().unwrap_or("memory"), &s.url) {
+            ("memory", None) => StoreConfig::Memory,
+            ("memory", Some(_)) => {
+                self.problem("store.url", "only used with store.kind = \"redis\"");
+                StoreConfig::Memory
+            }
+            ("redis", Some(url)) => {
+                if !(url.starts_with("redis://")
+                    || url.starts_with("rediss://")
+                    || url.starts_with("redis+unix://"))
+                {
+                    self.problem("store.url", "must start with redis:// or rediss://");
+                }
+                StoreConfig::Redis { url: url.clone() }
+            }
+            ("redis", None) => {
+                self.problem("store.url", "required when store.kind = \"redis\"");
+                StoreConfig::Memory
+            }
+            (other, _) => {
+                self.problem(
+                    "store.kind",
+                    format!("`{other}` is not a store kind (use \"memory\" or \"redis\")"),
+                );
+                StoreConfig::Memory
+            }
+        }
+    }
+
+    fn policy(&mut self, p: &FilePolicy) -> PolicyConfig {
+        let connect_ports = p.connect_ports.clone().unwrap_or_else(|| vec![443]);
+        if connect_ports.contains(&0) {
+            self.problem("policy.connect_ports", "port 0 is not a port");
+        }
+        PolicyConfig {
+            connect_ports,
+            allow_private_targets: p.allow_private_targets.unwrap_or(false),
+        }
+    }
+
+    fn pool(&mut self, name: &str, p: FilePool) -> Option<PoolConfig> {
+        let key = |k: &str| format!("pools.{name}.{k}");
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            self.problem(
+                &format!("pools.{name}"),
+                "pool names are 1 to 64 characters of letters, digits, '_' and '-'",
+            );
+        }
+        let mut upstreams = Vec::new();
+        for (i, url) in p.upstreams.iter().flatten().enumerate() {
+            match Upstream::parse(url) {
+                Ok(u) => upstreams.push(u),
+                Err(e) => self.problem(&format!("pools.{name}.upstreams[{i}]"), e),
+            }
+        }
+        if let Some(file) = &p.upstreams_file {
+            let path = self.path(file);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    for (lineno, line) in text.lines().enumerate() {
+                        // A line is a URL (whose own `#` names its id) optionally followed by
+                        // whitespace and a comment; a line starting with `#` is a comment.
+                        let Some(line) = line.split_whitespace().next() else {
+                            continue;
+                        };
+                        if line.starts_with('#') {
+                            continue;
+                        }
+                        match Upstream::parse(line) {
+                            Ok(u) => upstreams.push(u),
+                            Err(e) => self.problem(
+                                &key("upstreams_file"),
+                                format!("{} line {}: {e}", path.display(), lineno + 1),
+                            ),
+                        }
+                    }
+                }
+                Err(e) => self.problem(
+                    &key("upstreams_file"),
+                    format!("cannot read {}: {e}", path.display()),
+                ),
+            }
+        }
+        if upstreams.is_empty() && p.upstreams_file.is_none() {
+            self.problem(&key("upstreams"), "a pool needs at least one upstream");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for u in &upstreams {
+            if !seen.insert(u.id.clone()) {
+                self.problem(
+                    &key("upstreams"),
+                    format!("`{}` is listed twice (give one a distinct #id)", u.id),
+                );
+            }
+        }
+        let strategy = match p.strategy.as_deref().unwrap_or("least-used") {
+            "least-used" => Strategy::LeastUsed,
+            "least-connections" => Strategy::LeastConnections,
+            "round-robin" => Strategy::RoundRobin,
+            other => {
+                self.problem(
+                    &key("strategy"),
+                    format!(
+                        "`{other}` is not a strategy (least-used, least-connections, round-robin)"
+                    ),
+                );
+                Strategy::LeastUsed
+            }
+        };
+        let max_concurrency = match p.max_concurrency {
+            None => None,
+            Some(0) => {
+                self.problem(
+                    &key("max_concurrency"),
+                    "must be at least 1 (omit it for no cap)",
+                );
+                None
+            }
+            Some(n) => NonZeroU32::new(n),
+        };
+        let session_ttl = self.duration(
+            &key("session_ttl"),
+            p.session_ttl.as_deref(),
+            DEFAULT_SESSION_TTL_MS,
+        );
+        if session_ttl > Duration::from_millis(MAX_SESSION_TTL_MS) {
+            self.problem(&key("session_ttl"), "must be at most 24h");
+        }
+        let lease_ttl = self.duration(
+            &key("lease_ttl"),
+            p.lease_ttl.as_deref(),
+            DEFAULT_LEASE_TTL_MS,
+        );
+        if lease_ttl < Duration::from_millis(MIN_LEASE_TTL_MS) {
+            self.problem(&key("lease_ttl"), "must be at least 1s");
+        }
+        let retries = p.retries.unwrap_or(DEFAULT_RETRIES);
+        if retries > MAX_RETRIES {
+            self.problem(&key("retries"), format!("must be at most {MAX_RETRIES}"));
+        }
+        Some(PoolConfig {
+            name: name.to_string(),
+            upstreams,
+            strategy,
+            max_concurrency,
+            queue_timeout: self.duration(
+                &key("queue_timeout"),
+                p.queue_timeout.as_deref(),
+                DEFAULT_QUEUE_TIMEOUT_MS,
+            ),
+            session_ttl,
+            lease_ttl,
+            retries,
+            rebind_on_failure: p.rebind_on_failure.unwrap_or(false),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(text: &str) -> Vec<String> {
+        Config::parse(text, "test.toml", None).unwrap_err().problems
+    }
+
+    #[test]
+    fn minimal_config_gets_safe_defaults() {
+        let c = Config::parse("[pools.default]\nupstreams = [\"direct://\"]\n", "t", None).unwrap();
+        assert_eq!(c.default_pool, "default");
+        assert_eq!(c.server.listen.to_string(), DEFAULT_PROXY_LISTEN);
+        assert_eq!(c.policy.connect_ports, vec![443]);
+        assert!(!c.policy.allow_private_targets);
+        let p = c.pool("default").unwrap();
+        assert_eq!(p.strategy, Strategy::LeastUsed);
+        assert_eq!(p.retries, DEFAULT_RETRIES);
+        assert_eq!(c.store, StoreConfig::Memory);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_key() {
+        let p = problems(
+            r#"
+[server]
+listen = "nope"
+[store]
+kind = "etcd"
+[pools.a]
+upstreams = ["ftp://x:1", "http://u:hunter2@h"]
+strategy = "random"
+max_concurrency = 0
+queue_timeout = "soon"
+"#,
+        );
+        let joined = p.join("\n");
+        for key in [
+            "server.listen",
+            "store.kind",
+            "pools.a.upstreams[0]",
+            "pools.a.upstreams[1]",
+            "pools.a.strategy",
+            "pools.a.max_concurrency",
+            "pools.a.queue_timeout",
+        ] {
+            assert!(joined.contains(key), "missing {key} in:\n{joined}");
+        }
+        assert!(!joined.contains("hunter2"), "{joined}");
+    }
+
+    #[test]
+    fn unknown_keys_name_the_line() {
+        let p = problems("[pools.default]\nupstreams = [\"direct://\"]\nmax_conns = 3\n");
+        assert!(
+            p[0].contains("line 3") && p[0].contains("max_conns"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn upstreams_file_skips_comments_and_names_bad_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("ups.txt"),
+            "# comment\nhttp://127.0.0.1:3128#a\n\nbogus\n",
+        )
+        .unwrap();
+        let text = "[pools.default]\nupstreams_file = \"ups.txt\"\n";
+        let err = Config::parse(text, "t", Some(dir.path())).unwrap_err();
+        assert!(err.problems[0].contains("line 4"), "{:?}", err.problems);
+        std::fs::write(dir.path().join("ups.txt"), "# c\nhttp://127.0.0.1:3128#a\n").unwrap();
+        let c = Config::parse(text, "t", Some(dir.path())).unwrap();
+        assert_eq!(c.pool("default").unwrap().upstreams[0].id.as_str(), "a");
+    }
+
+    #[test]
+    fn admin_off_loopback_needs_a_token() {
+        let p = problems(
+            "[server]\nadmin_listen = \"0.0.0.0:8081\"\n[pools.default]\nupstreams = [\"direct://\"]\n",
+        );
+        assert!(
+            p.iter().any(|m| m.starts_with("server.admin_token")),
+            "{p:?}"
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! The gateway's one error type, and the one function that turns an error into the response a
+//! client sees.
+//!
+//! Every response poolgate generates itself carries `X-Pool-Error: <code>` (stable, for scripts)
+//! and an RFC 9209 `Proxy-Status` header (standard, for HTTP tooling). Both are derived here from
+//! the error's variant, never from its message.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use thiserror::Error;
+
+use crate::proxy::Body;
+use crate::session::SessionError;
+use crate::store::StoreError;
+use crate::upstream::UpstreamId;
+use crate::upstream::connect::ConnectError;
+
+/// Name this gateway uses in `Proxy-Status`.
+pub const PROXY_NAME: &str = "poolgate";
+
+#[derive(Debug, Error)]
+pub enum ProxyError {
+    /// An origin-form request sent to the proxy port.
+    #[error(
+        "this is a forward proxy: send absolute-form requests (curl -x http://<gateway> http://example.com/) or CONNECT"
+    )]
+    NotProxyRequest,
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    /// Malformed session header.
+    #[error("{0}")]
+    BadSessionHeader(#[source] SessionError),
+    /// Malformed proxy username: answered 407 so the client sees it as an auth problem.
+    #[error("{0}")]
+    BadUsername(#[source] SessionError),
+    #[error("unknown pool `{0}`")]
+    UnknownPool(String),
+    #[error("target denied: {0}")]
+    TargetDenied(&'static str),
+    #[error("every upstream of the pool is at its concurrency limit")]
+    PoolExhausted,
+    #[error("no upstream of the pool is available")]
+    NoUpstream,
+    #[error("the session's upstream {upstream} is unavailable")]
+    SessionUpstreamUnavailable {
+        upstream: UpstreamId,
+        #[source]
+        cause: Option<ConnectError>,
+    },
+    #[error("could not connect through upstream {upstream}: {source}")]
+    UpstreamConnect {
+        upstream: UpstreamId,
+        #[source]
+        source: ConnectError,
+    },
+    #[error("upstream {upstream} sent no response in time")]
+    UpstreamTimeout { upstream: UpstreamId },
+    #[error("upstream {upstream} failed the exchange: {source}")]
+    UpstreamProtocol {
+        upstream: UpstreamId,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ProxyError {
+    /// Whether another upstream may be tried: only when nothing was sent upstream yet.
+    pub fn retryable(&self) -> bool {
+        matches!(self, ProxyError::UpstreamConnect { .. })
+    }
+
+    /// Status, `X-Pool-Error` code and RFC 9209 error type.
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        use ProxyError::*;
+        match self {
+            NotProxyRequest => (
+                StatusCode::BAD_REQUEST,
+                "not-a-proxy-request",
+                "http_request_error",
+            ),
+            BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request", "http_request_error"),
+            BadSessionHeader(_) => (
+                StatusCode::BAD_REQUEST,
+                "session-invalid",
+                "http_request_error",
+            ),
+            BadUsername(_) => (
+                StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                "session-invalid",
+                "http_request_denied",
+            ),
+            UnknownPool(_) => (
+                StatusCode::BAD_REQUEST,
+                "unknown-pool",
+                "http_request_error",
+            ),
+            TargetDenied(_) => (
+                StatusCode::FORBIDDEN,
+                "target-denied",
+                "destination_ip_prohibited",
+            ),
+            PoolExhausted => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "pool-exhausted",
+                "connection_limit_reached",
+            ),
+            NoUpstream => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no-upstream-available",
+                "destination_unavailable",
+            ),
+            SessionUpstreamUnavailable { cause, .. } => (
+                StatusCode::BAD_GATEWAY,
+                "session-upstream-unavailable",
+                cause
+                    .as_ref()
+                    .map_or("destination_unavailable", ConnectError::proxy_status),
+            ),
+            UpstreamConnect { source, .. } if source.proxy_status() == "connection_timeout" => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "connection_timeout",
+            ),
+            UpstreamConnect { source, .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream-connect-failed",
+                source.proxy_status(),
+            ),
+            UpstreamTimeout { .. } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "http_response_timeout",
+            ),
+            UpstreamProtocol { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream-bad-response",
+                "http_protocol_error",
+            ),
+            Store(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "proxy_internal_error",
+            ),
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.parts().1
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The response for this error: status, `X-Pool-Error`, `Proxy-Status`, and a one-line body.
+    pub fn to_response(&self) -> Response<Body> {
+        let (status, code, proxy_status) = self.parts();
+        let message = self.to_string();
+        let details = message.replace(['"', '\\'], "'");
+        let mut resp = Response::new(
+            Full::new(Bytes::from(format!("{message}\n")))
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        h.insert("x-pool-error", HeaderValue::from_static(code));
+        let ps = format!("{PROXY_NAME}; error={proxy_status}; details=\"{details}\"");
+        h.insert(
+            "proxy-status",
+            HeaderValue::from_str(&ps).unwrap_or_else(|_| {
+                HeaderValue::from_static("poolgate; error=proxy_internal_error")
+            }),
+        );
+        if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+            h.insert(
+                header::PROXY_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"poolgate\""),
+            );
+        }
+        match self {
+            ProxyError::SessionUpstreamUnavailable { upstream, .. }
+            | ProxyError::UpstreamConnect { upstream, .. }
+            | ProxyError::UpstreamTimeout { upstream }
+            | ProxyError::UpstreamProtocol { upstream, .. } => {
+                if let Ok(v) = HeaderValue::from_str(upstream.as_str()) {
+                    h.insert("x-pool-upstream", v);
+                }
+            }
+            _ => {}
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_responses_carry_code_and_proxy_status() {
+        let r = ProxyError::PoolExhausted.to_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()["x-pool-error"], "pool-exhausted");
+        let ps = r.headers()["proxy-status"].to_str().unwrap();
+        assert!(
+            ps.starts_with("poolgate; error=connection_limit_reached; details=\""),
+            "{ps}"
+        );
+
+        let r = ProxyError::NotProxyRequest.to_response();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(r.headers()["x-pool-error"], "not-a-proxy-request");
+    }
+}

@@ -1,0 +1,228 @@
+//! Absolute-form requests (`GET http://host/path`): forwarded through the leased upstream.
+//!
+//! To an HTTP proxy upstream the request goes in absolute form with the upstream's own
+//! credentials; through a SOCKS or direct upstream it goes in origin form over a connection to
+//! the target. Connections are kept alive and reused per upstream (and per target where the
+//! connection is a tunnel).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Uri};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+use crate::error::ProxyError;
+use crate::health::classify;
+use crate::proxy::observe::Observed;
+use crate::proxy::{self, Body, headers};
+use crate::state::Gateway;
+use crate::target::Target;
+use crate::upstream::Upstream;
+use crate::upstream::connect::ConnectError;
+use crate::upstream::reuse::{ConnKey, OutBody};
+
+pub async fn handle(
+    gw: &Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ProxyError> {
+    let target = Target::from_uri(req.uri(), None)
+        .ok_or(ProxyError::BadRequest("the request URI has no usable host"))?;
+    if !matches!(req.uri().scheme_str(), Some("http")) {
+        return Err(ProxyError::BadRequest(
+            "only http:// URIs are forwarded; use CONNECT for https",
+        ));
+    }
+    let route = proxy::route(gw, req.headers(), &target, false)?;
+
+    let (mut lease, (sender, key, reused)) =
+        proxy::open(gw, &route, |up| sender_for(gw, up, &target)).await?;
+    let Some(upstream) = lease.upstream().cloned() else {
+        return Err(ProxyError::NoUpstream);
+    };
+
+    let (mut parts, body) = req.into_parts();
+    headers::clean_request(&mut parts.headers);
+    if upstream.scheme.speaks_http_proxy() {
+        if let Some(c) = &upstream.credentials {
+            let mut v = HeaderValue::from_str(&c.basic_header())
+                .map_err(|_| ProxyError::BadRequest("unusable upstream credentials"))?;
+            v.set_sensitive(true);
+            parts.headers.insert(header::PROXY_AUTHORIZATION, v);
+        }
+    } else {
+        parts.uri = origin_form(&parts.uri);
+    }
+    // The absolute-form target wins over whatever Host the client sent (RFC 9112 §3.2.2).
+    if let Ok(v) = HeaderValue::from_str(&host_header(&target)) {
+        parts.headers.insert(header::HOST, v);
+    }
+    let replay = body_is_empty(&body).then(|| parts.clone());
+    let out = Request::from_parts(parts, body.boxed_unsync());
+
+    let timeout = gw.config.server.response_timeout;
+    let sent = tokio::time::timeout(
+        timeout,
+        send(gw, sender, key, reused, out, replay, &upstream, &target),
+    )
+    .await;
+    let resp = match sent {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => {
+            lease.finish(crate::health::Outcome::Reset);
+            return Err(e);
+        }
+        Err(_) => {
+            lease.finish(crate::health::Outcome::Timeout);
+            return Err(ProxyError::UpstreamTimeout {
+                upstream: upstream.id.clone(),
+            });
+        }
+    };
+    lease.mark_latency();
+
+    let (mut parts, body) = resp.into_parts();
+    let outcome = classify::classify_response(parts.status, &parts.headers);
+    headers::clean_response(&mut parts.headers);
+    let session = route.session.as_ref().map(|s| s.key.as_str());
+    headers::annotate_response(&mut parts.headers, upstream.id.as_str(), session);
+    let body = Observed::new(body, lease, outcome).boxed();
+    Ok(Response::from_parts(parts, body))
+}
+
+/// Sends `req`, once more on a fresh connection when a reused one turns out to be closed before
+/// the request could be delivered (the upstream's keep-alive timer won the race).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site; a struct would only rename them"
+)]
+async fn send(
+    gw: &Arc<Gateway>,
+    mut sender: SendRequest<OutBody>,
+    key: ConnKey,
+    reused: bool,
+    req: Request<OutBody>,
+    replay: Option<http::request::Parts>,
+    upstream: &Arc<Upstream>,
+    target: &Target,
+) -> Result<Response<Incoming>, ProxyError> {
+    let first = sender.try_send_request(req).await;
+    let (mut sender, req) = match first {
+        Ok(resp) => {
+            gw.conns.recycle(key, sender);
+            return Ok(resp);
+        }
+        Err(mut e) => {
+            let unsent = e.take_message();
+            let retry = match (reused, unsent, replay) {
+                (true, Some(req), _) => Some(req),
+                (true, None, Some(parts)) => Some(Request::from_parts(parts, empty())),
+                _ => None,
+            };
+            let Some(req) = retry else {
+                return Err(ProxyError::UpstreamProtocol {
+                    upstream: upstream.id.clone(),
+                    source: e.into_error(),
+                });
+            };
+            let (sender, _, _) = fresh_sender(gw, upstream, target).await.map_err(|source| {
+                ProxyError::UpstreamConnect {
+                    upstream: upstream.id.clone(),
+                    source,
+                }
+            })?;
+            (sender, req)
+        }
+    };
+    match sender.send_request(req).await {
+        Ok(resp) => {
+            gw.conns.recycle(key, sender);
+            Ok(resp)
+        }
+        Err(source) => Err(ProxyError::UpstreamProtocol {
+            upstream: upstream.id.clone(),
+            source,
+        }),
+    }
+}
+
+fn empty() -> OutBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+fn body_is_empty(body: &Incoming) -> bool {
+    use http_body::Body as _;
+    body.is_end_stream()
+}
+
+fn conn_key(upstream: &Upstream, target: &Target) -> ConnKey {
+    ConnKey {
+        upstream: upstream.id.clone(),
+        target: (!upstream.scheme.speaks_http_proxy()).then(|| target.clone()),
+    }
+}
+
+/// A sender for `target` through `upstream`: an idle kept-alive one, or a new connection.
+async fn sender_for(
+    gw: &Gateway,
+    upstream: Arc<Upstream>,
+    target: &Target,
+) -> Result<(SendRequest<OutBody>, ConnKey, bool), ConnectError> {
+    let key = conn_key(&upstream, target);
+    if let Some(sender) = gw.conns.take(&key) {
+        return Ok((sender, key, true));
+    }
+    fresh_sender(gw, &upstream, target).await
+}
+
+async fn fresh_sender(
+    gw: &Gateway,
+    upstream: &Upstream,
+    target: &Target,
+) -> Result<(SendRequest<OutBody>, ConnKey, bool), ConnectError> {
+    let io = if upstream.scheme.speaks_http_proxy() {
+        gw.connector.proxy_conn(upstream).await?
+    } else {
+        gw.connector.tunnel(upstream, target).await?
+    };
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| ConnectError::Io {
+            addr: upstream.id.to_string(),
+            error: std::io::Error::other(e),
+        })?;
+    let upstream_id = upstream.id.clone();
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(upstream = %upstream_id, error = %e, "upstream connection ended");
+        }
+    });
+    Ok((sender, conn_key(upstream, target), false))
+}
+
+/// `http://host/path?q` → `/path?q`, for upstreams that are not HTTP proxies.
+fn origin_form(uri: &Uri) -> Uri {
+    uri.path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/")
+        .parse()
+        .unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+fn host_header(target: &Target) -> String {
+    if target.port == 80 {
+        if target.host.contains(':') {
+            format!("[{}]", target.host)
+        } else {
+            target.host.clone()
+        }
+    } else {
+        target.authority()
+    }
+}

@@ -1,0 +1,95 @@
+//! Header hygiene between client, gateway and upstream.
+//!
+//! Hop-by-hop headers (RFC 9110 §7.6.1) are stripped in both directions, and so is every header
+//! that was meant for the gateway: `X-Pool-*`, the session aliases and the client's
+//! `Proxy-Authorization`. The origin never learns about the gateway's controls.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::session::SESSION_HEADERS;
+
+/// Always hop-by-hop, whatever `Connection` lists.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+/// Removes the headers named in `Connection`, then the fixed hop-by-hop set. `Transfer-Encoding`
+/// is removed too: the body is re-framed by hyper on the way out.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// Prepares a client's request headers for the upstream.
+pub fn clean_request(headers: &mut HeaderMap) {
+    strip_hop_by_hop(headers);
+    for name in SESSION_HEADERS {
+        headers.remove(*name);
+    }
+    let pool_headers: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-pool-"))
+        .cloned()
+        .collect();
+    for name in pool_headers {
+        headers.remove(name);
+    }
+}
+
+/// Prepares an upstream's response headers for the client.
+pub fn clean_response(headers: &mut HeaderMap) {
+    strip_hop_by_hop(headers);
+}
+
+/// Adds `X-Pool-Upstream` and, for sessions, `X-Pool-Session`.
+pub fn annotate_response(headers: &mut HeaderMap, upstream: &str, session: Option<&str>) {
+    if let Ok(v) = HeaderValue::from_str(upstream) {
+        headers.insert("x-pool-upstream", v);
+    }
+    if let Some(v) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
+        headers.insert("x-pool-session", v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_loses_gateway_and_hop_headers() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret"),
+            ("x-secret", "1"),
+            ("proxy-authorization", "Basic dTpw"),
+            ("proxy-connection", "keep-alive"),
+            ("x-pool-session", "abc"),
+            ("x-pool-name", "eu"),
+            ("x-pool-anything", "1"),
+            ("x-lpm-session", "abc"),
+            ("transfer-encoding", "chunked"),
+            ("accept", "*/*"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        clean_request(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["accept"]);
+    }
+}

@@ -1,0 +1,140 @@
+//! The proxy itself: one request from admission to the upstream and back.
+//!
+//! `handle` is the service hyper calls for every request on the proxy port. It sends absolute-form
+//! requests to [`forward`] and CONNECT to [`tunnel`]; both share the steps here: admit the target,
+//! read the session, pick the pool ([`route`]), then lease and connect with retry ([`open`]).
+
+pub mod forward;
+pub mod headers;
+pub mod observe;
+pub mod tunnel;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response};
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+
+use crate::admit;
+use crate::error::ProxyError;
+use crate::health::Outcome;
+use crate::pool::select::{self, Route, SessionPlan};
+use crate::pool::{Lease, PoolSet};
+use crate::session::{self, SessionRequest};
+use crate::state::Gateway;
+use crate::store::Store;
+use crate::target::Target;
+use crate::upstream::connect::ConnectError;
+use crate::upstream::{Upstream, UpstreamId};
+
+/// Body of every response the proxy sends to a client.
+pub type Body = BoxBody<Bytes, hyper::Error>;
+
+/// The proxy service: never fails, every error becomes its response here.
+pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    let result = if req.method() == Method::CONNECT {
+        tunnel::handle(&gw, req).await
+    } else if req.uri().scheme().is_some() && req.uri().authority().is_some() {
+        forward::handle(&gw, req).await
+    } else {
+        Err(ProxyError::NotProxyRequest)
+    };
+    result.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, code = e.code(), "request failed");
+        e.to_response()
+    })
+}
+
+/// Admission and routing, common to both request kinds: target policy, session, pool.
+pub fn route(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    target: &Target,
+    connect: bool,
+) -> Result<Route, ProxyError> {
+    admit::check_target(&gw.config.policy, target, connect)?;
+    let ask: SessionRequest = session::parse(headers).map_err(|e| {
+        if e.is_proxy_auth() {
+            ProxyError::BadUsername(e)
+        } else {
+            ProxyError::BadSessionHeader(e)
+        }
+    })?;
+    let pools: Arc<PoolSet> = gw.pools.load_full();
+    let pool = pools.get(ask.pool.as_deref())?.clone();
+    let session = match (ask.session, ask.create) {
+        (Some(key), _) => Some(SessionPlan {
+            key,
+            ttl: ask.ttl.unwrap_or(pool.config.session_ttl),
+            minted: false,
+        }),
+        (None, true) => Some(SessionPlan {
+            key: session::mint_key(),
+            ttl: ask.ttl.unwrap_or(pool.config.session_ttl),
+            minted: true,
+        }),
+        (None, false) => None,
+    };
+    Ok(Route { pool, session })
+}
+
+/// Leases an upstream and connects through it, trying further upstreams when connecting fails
+/// before anything was sent. A session keeps its upstream: only a binding made by this very
+/// request (nothing has used it yet) may be undone and moved.
+pub async fn open<T, F, Fut>(
+    gw: &Gateway,
+    route: &Route,
+    mut connect: F,
+) -> Result<(Lease, T), ProxyError>
+where
+    F: FnMut(Arc<Upstream>) -> Fut,
+    Fut: Future<Output = Result<T, ConnectError>>,
+{
+    let mut tried: Vec<UpstreamId> = Vec::new();
+    let mut last: Option<(UpstreamId, ConnectError)> = None;
+    for _ in 0..=route.pool.config.retries {
+        let lease = match select::acquire(gw, route, &tried).await {
+            Ok(lease) => lease,
+            Err(ProxyError::NoUpstream) if last.is_some() => break,
+            Err(e) => return Err(e),
+        };
+        let (Some(upstream), Some(grant)) = (lease.upstream().cloned(), lease.grant().cloned())
+        else {
+            return Err(ProxyError::NoUpstream);
+        };
+        match connect(upstream).await {
+            Ok(conn) => return Ok((lease, conn)),
+            Err(e) => {
+                tracing::info!(upstream = %grant.upstream, error = %e, "upstream connect failed");
+                let outcome = e.outcome();
+                lease.finish(outcome);
+                if outcome == Outcome::OriginError {
+                    // The target itself is at fault (no such name): another upstream fares no better.
+                    return Err(ProxyError::UpstreamConnect {
+                        upstream: grant.upstream,
+                        source: e,
+                    });
+                }
+                if let Some(s) = &route.session {
+                    if !grant.bound_now {
+                        return Err(ProxyError::SessionUpstreamUnavailable {
+                            upstream: grant.upstream,
+                            cause: Some(e),
+                        });
+                    }
+                    gw.store
+                        .unbind(route.pool.name(), s.key.as_str(), &grant.upstream)
+                        .await?;
+                }
+                tried.push(grant.upstream.clone());
+                last = Some((grant.upstream, e));
+            }
+        }
+    }
+    match last {
+        Some((upstream, source)) => Err(ProxyError::UpstreamConnect { upstream, source }),
+        None => Err(ProxyError::NoUpstream),
+    }
+}

@@ -1,0 +1,76 @@
+//! A response body that ends its lease when the last byte has passed.
+//!
+//! The lease is held while the body streams, so concurrency caps count whole exchanges, and the
+//! outcome is recorded when the exchange is really over: `reset` when the upstream broke off,
+//! `cancelled` when the client went away.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use pin_project_lite::pin_project;
+
+use crate::health::Outcome;
+use crate::pool::Lease;
+
+pin_project! {
+    pub struct Observed {
+        #[pin]
+        inner: Incoming,
+        lease: Option<Lease>,
+        outcome: Outcome,
+    }
+}
+
+impl Observed {
+    /// Wraps `inner`; `outcome` is what the exchange counts as if the body completes.
+    pub fn new(inner: Incoming, lease: Lease, outcome: Outcome) -> Self {
+        let mut lease = Some(lease);
+        if inner.is_end_stream() {
+            // No body (HEAD, 204, 304): hyper may never poll it, so the exchange is over now.
+            if let Some(l) = lease.take() {
+                l.finish(outcome);
+            }
+        }
+        Observed {
+            inner,
+            lease,
+            outcome,
+        }
+    }
+}
+
+impl Body for Observed {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let end = match &polled {
+            Poll::Ready(None) => Some(*this.outcome),
+            Poll::Ready(Some(Err(_))) => Some(Outcome::Reset),
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => Some(*this.outcome),
+            _ => None,
+        };
+        if let Some(outcome) = end {
+            if let Some(lease) = this.lease.take() {
+                lease.finish(outcome);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

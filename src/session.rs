@@ -1,0 +1,1149 @@
+//! What a request asks of the gateway before any upstream is chosen: the session to stick to (or
+//! a request to mint one), the pool, the session's lifetime, and the proxy credentials.
+//!
+//! Two sources, because clients differ: headers (`X-Pool-Session`, `X-Pool-Name`, and the aliases
+//! of commercial gateways) and labels in the proxy username (`user-session-abc`), which is the only
+//! thing most `HTTPS_PROXY` clients can set on a CONNECT.
+//!
+//! Parsing is strict on purpose: a session that was asked for but cannot be read is an error
+//! (400 for a header, 407 for the username), never a silent fall back to non-sticky routing, which
+//! would move a client's "sticky" traffic across IPs without telling it.
+//!
+//! Everything here is pure: no I/O, no configuration. Whether the pool exists or the credentials
+//! log in is decided later.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::alphabet;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use http::HeaderMap;
+use http::header::PROXY_AUTHORIZATION;
+
+/// Longest session key accepted, from a header or a username.
+pub const MAX_SESSION_KEY_LEN: usize = 128;
+/// Longest pool name accepted.
+pub const MAX_POOL_NAME_LEN: usize = 64;
+/// Longest session lifetime a username may ask for, in minutes (one day).
+pub const MAX_LIFETIME_MINUTES: u64 = 1440;
+
+/// Headers the gateway reads and must strip before forwarding (lower-case): x-pool-session,
+/// x-pool-name, x-lpm-session, zyte-session-id, x-crawlera-session. (`X-Pool-*` in general is
+/// stripped elsewhere by prefix; the aliases are listed because they match no prefix.)
+pub const SESSION_HEADERS: &[&str] = &[
+    "x-pool-session",
+    "x-pool-name",
+    "x-lpm-session",
+    "zyte-session-id",
+    "x-crawlera-session",
+];
+
+/// Session headers in priority order, each with whether its value `create` asks for a minted key
+/// (only where the original gateway gives `create` that meaning) and the form it expects.
+const KEY_HEADERS: &[(&str, bool, &str)] = &[
+    ("x-pool-session", true, CREATE_OR_KEY_FORM),
+    ("x-lpm-session", false, HEADER_KEY_FORM),
+    ("zyte-session-id", false, HEADER_KEY_FORM),
+    ("x-crawlera-session", true, CREATE_OR_KEY_FORM),
+];
+
+const POOL_HEADER: &str = "x-pool-name";
+
+const HEADER_KEY_FORM: &str = "<key>, 1 to 128 characters of [A-Za-z0-9._~:@+=-]";
+const CREATE_OR_KEY_FORM: &str = "`create` or <key>, 1 to 128 characters of [A-Za-z0-9._~:@+=-]";
+const POOL_HEADER_FORM: &str = "<name>, 1 to 64 characters of [A-Za-z0-9_-]";
+const BASIC_FORM: &str = "Basic <base64 of user:password>";
+
+/// What a request asked for, read from its headers and its proxy username.
+///
+/// A header wins over the username when both say something: `X-Pool-Session` (or an alias) over
+/// a username session, `X-Pool-Name` over `-pool-`. Headers are the explicit, per-request choice;
+/// the username is often a fixed proxy URL shared by a whole program.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct SessionRequest {
+    /// The session to stick to, if any. `None` when `create` is set: the key is minted later.
+    pub session: Option<SessionKey>,
+    /// `X-Pool-Session: create` (or `X-Crawlera-Session: create`): mint a key and return it.
+    pub create: bool,
+    /// Pool asked for by `X-Pool-Name` or a `-pool-<name>` username token.
+    pub pool: Option<String>,
+    /// Session lifetime asked for by a username lifetime token.
+    pub ttl: Option<Duration>,
+    /// The account part of the proxy username (before the first recognised token), if a Basic
+    /// username was given; used later for client auth.
+    pub user: Option<String>,
+    /// The proxy password, if Basic credentials were given; used later for client auth.
+    pub password: Option<String>,
+}
+
+/// Hand-written so that logging a request can never print its password.
+impl fmt::Debug for SessionRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionRequest")
+            .field("session", &self.session)
+            .field("create", &self.create)
+            .field("pool", &self.pool)
+            .field("ttl", &self.ttl)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// A validated session key: 1..=128 characters of `[A-Za-z0-9._~:@+=-]`, so it is safe in a
+/// response header, a store key and a log line as is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey(String);
+
+impl SessionKey {
+    /// Validates `key` with the header grammar (the widest one; username keys are a subset).
+    pub fn new(key: &str) -> Result<Self, SessionError> {
+        if is_header_key(key) {
+            Ok(SessionKey(key.to_owned()))
+        } else {
+            Err(SessionError::InvalidKey { value: shown(key) })
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for SessionKey {
+    type Err = SessionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SessionKey::new(s)
+    }
+}
+
+impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for SessionKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What a proxy username carries: `<account>[-<label>-<value>]…`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UsernameLabels {
+    /// Everything before the first recognised label (the whole username if there is none).
+    pub account: String,
+    /// From `-session-`, `-sessid-` or `-sessionid-`.
+    pub session: Option<SessionKey>,
+    /// From `-sesstime-`, `-sessionduration-` or `-lifetime-` (minutes).
+    pub ttl: Option<Duration>,
+    /// From `-pool-`.
+    pub pool: Option<String>,
+}
+
+/// Why a request's session headers or proxy username could not be read. Each message says what
+/// was wrong and the expected form; none contains the proxy password.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// A header's bytes are not visible ASCII.
+    #[error("header `{header}` is not valid text: expected `{header}: {expected}`")]
+    HeaderNotText {
+        header: &'static str,
+        expected: &'static str,
+    },
+    /// A header the gateway reads appears more than once, so which one was meant is unknown.
+    #[error("header `{header}` is given more than once: expected one `{header}: {expected}`")]
+    HeaderRepeated {
+        header: &'static str,
+        expected: &'static str,
+    },
+    /// A session or pool header whose value breaks its grammar.
+    #[error("header `{header}` has invalid value `{value}`: expected `{header}: {expected}`")]
+    InvalidHeader {
+        header: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    /// A string that is not a session key (from [`SessionKey::new`]).
+    #[error("invalid session key `{value}`: expected {HEADER_KEY_FORM}")]
+    InvalidKey { value: String },
+    /// `Proxy-Authorization: Basic …` that does not decode to `user:password`.
+    #[error("invalid Proxy-Authorization ({reason}): expected `Proxy-Authorization: {BASIC_FORM}`")]
+    InvalidProxyAuthorization { reason: &'static str },
+    /// The username starts with a recognised label, so it has no account.
+    #[error("proxy username has no account before `-{label}-`: expected <account>-{label}-<value>")]
+    EmptyAccount { label: &'static str },
+    /// A doubled or trailing `-` after the first recognised label.
+    #[error(
+        "proxy username has an empty label (a doubled or trailing `-`): expected <account>-<label>-<value>"
+    )]
+    EmptyLabel,
+    /// A recognised label with nothing after it.
+    #[error("username token `-{label}-` needs a value: {}", label_form(.label))]
+    MissingValue { label: &'static str },
+    /// A recognised label whose value breaks its grammar.
+    #[error("username token `-{label}-` has invalid value `{value}`: expected {}", label_form(.label))]
+    InvalidValue { label: &'static str, value: String },
+    /// An unrecognised label with no value after it: the pairs are out of step.
+    #[error(
+        "username token `-{label}` has no value: expected <user>-{label}-<value> (labels come in pairs)"
+    )]
+    DanglingLabel { label: String },
+    /// Two labels that set the same thing (`-session-a-sessid-b`).
+    #[error("proxy username sets the same thing twice (`-{first}-` and `-{label}-`): expected one, e.g. {}", label_form(.first))]
+    RepeatedLabel {
+        first: &'static str,
+        label: &'static str,
+    },
+    /// A lifetime with no session to apply to: the client wanted stickiness but gave no key.
+    #[error(
+        "proxy username sets a session lifetime but no session: expected <user>-session-<key>-sesstime-<minutes>, or an `X-Pool-Session: <key>` header"
+    )]
+    LifetimeWithoutSession,
+}
+
+impl SessionError {
+    /// Whether the error is in the proxy credentials (answer 407, so the client treats it as an
+    /// auth problem) rather than in a header (answer 400).
+    pub fn is_proxy_auth(&self) -> bool {
+        use SessionError::*;
+        match self {
+            HeaderNotText { .. }
+            | HeaderRepeated { .. }
+            | InvalidHeader { .. }
+            | InvalidKey { .. } => false,
+            InvalidProxyAuthorization { .. }
+            | EmptyAccount { .. }
+            | EmptyLabel
+            | MissingValue { .. }
+            | InvalidValue { .. }
+            | DanglingLabel { .. }
+            | RepeatedLabel { .. }
+            | LifetimeWithoutSession => true,
+        }
+    }
+
+    /// Drops the echoed username value, for the odd client whose password also appears in its
+    /// username: the echo is sanitised and cut short, so searching it for the password could miss
+    /// a partial or mangled copy.
+    fn redact(mut self) -> Self {
+        if let SessionError::InvalidValue { value, .. }
+        | SessionError::DanglingLabel { label: value } = &mut self
+        {
+            *value = String::from("<redacted>");
+        }
+        self
+    }
+}
+
+/// Reads the session, pool, lifetime and credentials a request asked for.
+///
+/// Session headers are read in priority order — `X-Pool-Session`, `x-lpm-session`,
+/// `Zyte-Session-ID`, `X-Crawlera-Session` — and only the first present one counts (the others are
+/// stripped unread). A header session, or `create`, wins over a username session; `X-Pool-Name`
+/// wins over `-pool-`. A username lifetime applies to whichever session wins, and is an error when
+/// there is none.
+pub fn parse(headers: &HeaderMap) -> Result<SessionRequest, SessionError> {
+    let header_session = header_session(headers)?;
+    let header_pool = header_pool(headers)?;
+
+    let mut req = SessionRequest::default();
+    if let Some((username, password)) = basic_credentials(headers)? {
+        let labels = parse_username(&username).map_err(|e| {
+            if !password.is_empty() && username.contains(password.as_str()) {
+                e.redact()
+            } else {
+                e
+            }
+        })?;
+        req.session = labels.session;
+        req.ttl = labels.ttl;
+        req.pool = labels.pool;
+        req.user = Some(labels.account);
+        req.password = Some(password);
+    }
+    match header_session {
+        Some(HeaderSession::Create) => {
+            req.create = true;
+            req.session = None;
+        }
+        Some(HeaderSession::Key(key)) => req.session = Some(key),
+        None => {}
+    }
+    if header_pool.is_some() {
+        req.pool = header_pool;
+    }
+    if req.ttl.is_some() && req.session.is_none() && !req.create {
+        return Err(SessionError::LifetimeWithoutSession);
+    }
+    Ok(req)
+}
+
+/// Reads the labels of a proxy username: `<account>[-<label>-<value>]…`.
+///
+/// The account is everything before the first recognised label, so accounts of other gateways
+/// (`brd-customer-hl_1-zone-res`) pass through whole. From there on the username is read as
+/// label/value pairs; labels match case-insensitively, values are case-sensitive, and pairs with
+/// unrecognised labels (`-country-us`) are skipped, being meant for some other gateway. A username
+/// without any recognised label is all account, even an empty one.
+pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
+    let tokens: Vec<&str> = username.split('-').collect();
+    let Some(start) = tokens.iter().position(|t| recognise(t).is_some()) else {
+        return Ok(UsernameLabels {
+            account: username.to_owned(),
+            ..UsernameLabels::default()
+        });
+    };
+    let account = tokens.get(..start).unwrap_or_default().join("-");
+    if account.is_empty() {
+        let label = tokens
+            .get(start)
+            .and_then(|t| recognise(t))
+            .map_or("session", |l| l.0);
+        return Err(SessionError::EmptyAccount { label });
+    }
+
+    let mut session: Option<(&'static str, SessionKey)> = None;
+    let mut ttl: Option<(&'static str, Duration)> = None;
+    let mut pool: Option<(&'static str, String)> = None;
+    for pair in tokens.get(start..).unwrap_or_default().chunks(2) {
+        let (label, value) = match *pair {
+            [label, value] => (label, value),
+            [label] => {
+                return Err(match recognise(label) {
+                    Some((label, _)) => SessionError::MissingValue { label },
+                    None if label.is_empty() => SessionError::EmptyLabel,
+                    None => SessionError::DanglingLabel {
+                        label: shown(label),
+                    },
+                });
+            }
+            _ => continue,
+        };
+        if label.is_empty() {
+            return Err(SessionError::EmptyLabel);
+        }
+        let Some((label, kind)) = recognise(label) else {
+            continue;
+        };
+        let first = match kind {
+            Kind::Session => session.as_ref().map(|s| s.0),
+            Kind::Lifetime => ttl.as_ref().map(|t| t.0),
+            Kind::Pool => pool.as_ref().map(|p| p.0),
+        };
+        if let Some(first) = first {
+            return Err(SessionError::RepeatedLabel { first, label });
+        }
+        if value.is_empty() {
+            return Err(SessionError::MissingValue { label });
+        }
+        let invalid = || SessionError::InvalidValue {
+            label,
+            value: shown(value),
+        };
+        match kind {
+            Kind::Session if is_username_key(value) => {
+                session = Some((label, SessionKey(value.to_owned())));
+            }
+            Kind::Lifetime => ttl = Some((label, lifetime(value).ok_or_else(invalid)?)),
+            Kind::Pool
+                if is_name(value, MAX_POOL_NAME_LEN, |c| {
+                    c.is_ascii_alphanumeric() || c == '_'
+                }) =>
+            {
+                pool = Some((label, value.to_owned()));
+            }
+            Kind::Session | Kind::Pool => return Err(invalid()),
+        }
+    }
+    Ok(UsernameLabels {
+        account,
+        session: session.map(|s| s.1),
+        ttl: ttl.map(|t| t.1),
+        pool: pool.map(|p| p.1),
+    })
+}
+
+/// A fresh random key for `X-Pool-Session: create`: 32 hex characters (128 bits), so keys minted
+/// by any number of instances never collide in practice, and valid in both header and username.
+pub fn mint_key() -> SessionKey {
+    SessionKey(format!("{:032x}", rand::random::<u128>()))
+}
+
+/// What a username label sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Session,
+    Lifetime,
+    Pool,
+}
+
+/// Recognised username labels, lower-case, with the gateway habit each comes from.
+const LABELS: &[(&str, Kind)] = &[
+    ("session", Kind::Session),          // Bright Data, Decodo, Geonode
+    ("sessid", Kind::Session),           // Oxylabs
+    ("sessionid", Kind::Session),        // SOAX
+    ("sesstime", Kind::Lifetime),        // Oxylabs
+    ("sessionduration", Kind::Lifetime), // Decodo
+    ("lifetime", Kind::Lifetime),        // generic
+    ("pool", Kind::Pool),
+];
+
+fn recognise(token: &str) -> Option<(&'static str, Kind)> {
+    LABELS
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(token))
+        .copied()
+}
+
+/// The expected form of a recognised label, for error messages.
+fn label_form(label: &str) -> String {
+    match recognise(label).map(|l| l.1) {
+        Some(Kind::Lifetime) => {
+            format!("<user>-{label}-<minutes>, minutes from 1 to {MAX_LIFETIME_MINUTES}")
+        }
+        Some(Kind::Pool) => {
+            format!("<user>-{label}-<name>, 1 to {MAX_POOL_NAME_LEN} characters of [A-Za-z0-9_]")
+        }
+        Some(Kind::Session) | None => {
+            format!("<user>-{label}-<key>, 1 to {MAX_SESSION_KEY_LEN} characters of [A-Za-z0-9_.]")
+        }
+    }
+}
+
+/// Lifetime in minutes: plain digits (no sign), 1 to [`MAX_LIFETIME_MINUTES`].
+fn lifetime(value: &str) -> Option<Duration> {
+    if value.is_empty() || value.len() > 4 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let minutes: u64 = value.parse().ok()?;
+    (1..=MAX_LIFETIME_MINUTES)
+        .contains(&minutes)
+        .then(|| Duration::from_secs(minutes * 60))
+}
+
+fn is_name(value: &str, max: usize, allowed: impl Fn(char) -> bool) -> bool {
+    !value.is_empty() && value.len() <= max && value.chars().all(allowed)
+}
+
+fn is_header_key(value: &str) -> bool {
+    is_name(value, MAX_SESSION_KEY_LEN, |c| {
+        c.is_ascii_alphanumeric() || "._~:@+=-".contains(c)
+    })
+}
+
+/// Username keys cannot hold `-`, the label delimiter.
+fn is_username_key(value: &str) -> bool {
+    is_name(value, MAX_SESSION_KEY_LEN, |c| {
+        c.is_ascii_alphanumeric() || c == '_' || c == '.'
+    })
+}
+
+/// A client value as it may appear in a message (and so in a `Proxy-Status` header): visible
+/// ASCII only, no quotes or backslashes, at most 40 characters.
+fn shown(value: &str) -> String {
+    const MAX: usize = 40;
+    let mut out: String = value
+        .chars()
+        .take(MAX)
+        .map(|c| {
+            if c.is_ascii_graphic() && !matches!(c, '"' | '\\' | '`') {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    if value.chars().nth(MAX).is_some() {
+        out.push_str("...");
+    }
+    out
+}
+
+enum HeaderSession {
+    Create,
+    Key(SessionKey),
+}
+
+/// The one value of header `name`, trimmed of optional whitespace; an error if it is repeated or
+/// not visible ASCII.
+fn single<'h>(
+    headers: &'h HeaderMap,
+    name: &'static str,
+    expected: &'static str,
+) -> Result<Option<&'h str>, SessionError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(SessionError::HeaderRepeated {
+            header: name,
+            expected,
+        });
+    }
+    let text = value.to_str().map_err(|_| SessionError::HeaderNotText {
+        header: name,
+        expected,
+    })?;
+    Ok(Some(text.trim_matches([' ', '\t'])))
+}
+
+/// The first session header present, in priority order.
+fn header_session(headers: &HeaderMap) -> Result<Option<HeaderSession>, SessionError> {
+    for &(name, create, expected) in KEY_HEADERS {
+        let Some(value) = single(headers, name, expected)? else {
+            continue;
+        };
+        if create && value.eq_ignore_ascii_case("create") {
+            return Ok(Some(HeaderSession::Create));
+        }
+        if !is_header_key(value) {
+            return Err(SessionError::InvalidHeader {
+                header: name,
+                value: shown(value),
+                expected,
+            });
+        }
+        return Ok(Some(HeaderSession::Key(SessionKey(value.to_owned()))));
+    }
+    Ok(None)
+}
+
+fn header_pool(headers: &HeaderMap) -> Result<Option<String>, SessionError> {
+    let Some(value) = single(headers, POOL_HEADER, POOL_HEADER_FORM)? else {
+        return Ok(None);
+    };
+    if is_name(value, MAX_POOL_NAME_LEN, |c| {
+        c.is_ascii_alphanumeric() || c == '_' || c == '-'
+    }) {
+        Ok(Some(value.to_owned()))
+    } else {
+        Err(SessionError::InvalidHeader {
+            header: POOL_HEADER,
+            value: shown(value),
+            expected: POOL_HEADER_FORM,
+        })
+    }
+}
+
+/// Standard base64 that also accepts missing padding, which some clients leave off.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// `(username, password)` from `Proxy-Authorization: Basic …`; `None` when the header is absent or
+/// uses another scheme (not ours to read). The header value is never put in an error: it is the
+/// credentials.
+fn basic_credentials(headers: &HeaderMap) -> Result<Option<(String, String)>, SessionError> {
+    let bad = |reason| SessionError::InvalidProxyAuthorization { reason };
+    let mut values = headers.get_all(PROXY_AUTHORIZATION).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(bad("given more than once"));
+    }
+    let text = value.to_str().map_err(|_| bad("not ASCII text"))?.trim();
+    let (scheme, token) = text.split_once(' ').unwrap_or((text, ""));
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Ok(None);
+    }
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(bad("no credentials after `Basic`"));
+    }
+    let bytes = BASE64
+        .decode(token)
+        .map_err(|_| bad("credentials are not valid base64"))?;
+    let decoded = String::from_utf8(bytes).map_err(|_| bad("credentials are not UTF-8"))?;
+    let (user, password) = decoded
+        .split_once(':')
+        .ok_or_else(|| bad("credentials have no `:` between user and password"))?;
+    Ok(Some((user.to_owned(), password.to_owned())))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::STANDARD;
+    use http::HeaderValue;
+    use http::header::HeaderName;
+
+    /// What a username should yield.
+    #[derive(Debug, Clone, Copy)]
+    struct Labels {
+        account: &'static str,
+        session: Option<&'static str>,
+        ttl_min: Option<u64>,
+        pool: Option<&'static str>,
+    }
+
+    const fn acct(account: &'static str) -> Labels {
+        Labels {
+            account,
+            session: None,
+            ttl_min: None,
+            pool: None,
+        }
+    }
+
+    impl Labels {
+        const fn key(self, key: &'static str) -> Self {
+            Labels {
+                session: Some(key),
+                ..self
+            }
+        }
+        const fn ttl(self, minutes: u64) -> Self {
+            Labels {
+                ttl_min: Some(minutes),
+                ..self
+            }
+        }
+        const fn pool(self, pool: &'static str) -> Self {
+            Labels {
+                pool: Some(pool),
+                ..self
+            }
+        }
+    }
+
+    /// `Ok` with what is expected, or `Err` with the name of the `SessionError` variant.
+    type Expect = Result<Labels, &'static str>;
+
+    const CASES: &[(&str, Expect)] = &[
+        // No recognised label: all account.
+        ("plainuser", Ok(acct("plainuser"))),
+        ("", Ok(acct(""))),
+        ("a-b-c", Ok(acct("a-b-c"))),
+        ("u-country-us-zone-x", Ok(acct("u-country-us-zone-x"))),
+        ("u-sessions-x", Ok(acct("u-sessions-x"))),
+        // The three session labels.
+        ("user-session-abc", Ok(acct("user").key("abc"))),
+        ("u-sessid-x1", Ok(acct("u").key("x1"))),
+        ("u-sessionid-zz", Ok(acct("u").key("zz"))),
+        // Accounts of other gateways pass through whole.
+        (
+            "brd-customer-hl_1-zone-res-session-k9",
+            Ok(acct("brd-customer-hl_1-zone-res").key("k9")),
+        ),
+        ("u-country-us-session-a", Ok(acct("u-country-us").key("a"))),
+        // Lifetimes, in minutes.
+        (
+            "customer-acme-sessid-x1-sesstime-10",
+            Ok(acct("customer-acme").key("x1").ttl(10)),
+        ),
+        (
+            "u-sessionid-zz-sessionduration-30",
+            Ok(acct("u").key("zz").ttl(30)),
+        ),
+        ("u-session-a-lifetime-1", Ok(acct("u").key("a").ttl(1))),
+        (
+            "u-session-a-lifetime-1440",
+            Ok(acct("u").key("a").ttl(1440)),
+        ),
+        ("u-session-a-lifetime-0010", Ok(acct("u").key("a").ttl(10))),
+        ("u-sesstime-5", Ok(acct("u").ttl(5))),
+        // Pool.
+        ("u-pool-eu-session-s1", Ok(acct("u").key("s1").pool("eu"))),
+        ("u-pool-eu_west_1", Ok(acct("u").pool("eu_west_1"))),
+        // Labels case-insensitive, values case-sensitive.
+        ("u-SESSION-AbC", Ok(acct("u").key("AbC"))),
+        ("U-Sessid-x-SessTime-5", Ok(acct("U").key("x").ttl(5))),
+        ("u-PoOl-EU", Ok(acct("u").pool("EU"))),
+        // Unrecognised pairs after the first label are skipped, repeated or empty.
+        ("u-session-a-country-us-zone-x", Ok(acct("u").key("a"))),
+        ("u-session-a-country-us-country-de", Ok(acct("u").key("a"))),
+        ("u-session-a-country-", Ok(acct("u").key("a"))),
+        // Username key grammar: [A-Za-z0-9_.].
+        ("u-session-a.b_C9", Ok(acct("u").key("a.b_C9"))),
+        ("u-session-a!b", Err("InvalidValue")),
+        ("u-session-a~b", Err("InvalidValue")),
+        ("u-session-ключ", Err("InvalidValue")),
+        // Missing values.
+        ("u-session-", Err("MissingValue")),
+        ("u-session", Err("MissingValue")),
+        ("u-session--country-us", Err("MissingValue")),
+        ("u-session-a-sesstime", Err("MissingValue")),
+        ("u-pool-", Err("MissingValue")),
+        // Invalid lifetimes.
+        ("u-sesstime-abc", Err("InvalidValue")),
+        ("u-session-a-sesstime-0", Err("InvalidValue")),
+        ("u-session-a-sesstime-1441", Err("InvalidValue")),
+        ("u-session-a-sesstime-+5", Err("InvalidValue")),
+        ("u-session-a-sesstime-1.5", Err("InvalidValue")),
+        (
+            "u-session-a-sesstime-99999999999999999999999",
+            Err("InvalidValue"),
+        ),
+        // Invalid pool names; `-` is the delimiter, so `eu-west` reads as pool `eu`, then `west`.
+        ("u-pool-e.u", Err("InvalidValue")),
+        ("u-pool-eu-west", Err("DanglingLabel")),
+        // Dangling and empty labels.
+        ("u-session-a-country", Err("DanglingLabel")),
+        ("u-session-a-", Err("EmptyLabel")),
+        ("u-session-a--x", Err("EmptyLabel")),
+        // Given twice, by the same or another spelling.
+        ("u-session-a-session-b", Err("RepeatedLabel")),
+        ("u-session-a-sessid-b", Err("RepeatedLabel")),
+        ("u-session-a-session-a", Err("RepeatedLabel")),
+        ("u-sesstime-1-lifetime-2", Err("RepeatedLabel")),
+        ("u-pool-a-pool-b", Err("RepeatedLabel")),
+        ("u-session-a-session-", Err("RepeatedLabel")),
+        // Empty account.
+        ("session-abc", Err("EmptyAccount")),
+        ("-session-abc", Err("EmptyAccount")),
+        ("pool", Err("EmptyAccount")),
+    ];
+
+    /// The variant name of an error, from its `Debug`.
+    fn variant(e: &SessionError) -> String {
+        format!("{e:?}")
+            .chars()
+            .take_while(|c| c.is_alphanumeric())
+            .collect()
+    }
+
+    #[test]
+    fn username_grammar() {
+        for &(username, expect) in CASES {
+            let got = parse_username(username);
+            match (expect, &got) {
+                (Ok(want), Ok(l)) => {
+                    assert_eq!(l.account, want.account, "{username}");
+                    assert_eq!(
+                        l.session.as_ref().map(SessionKey::as_str),
+                        want.session,
+                        "{username}"
+                    );
+                    assert_eq!(
+                        l.ttl,
+                        want.ttl_min.map(|m| Duration::from_secs(m * 60)),
+                        "{username}"
+                    );
+                    assert_eq!(l.pool.as_deref(), want.pool, "{username}");
+                }
+                (Err(name), Err(e)) => {
+                    assert_eq!(variant(e), name, "{username}: {e}");
+                    assert!(e.is_proxy_auth(), "{username}: {e}");
+                }
+                _ => panic!("{username}: expected {expect:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn username_value_lengths() {
+        let max = "k".repeat(MAX_SESSION_KEY_LEN);
+        let l = parse_username(&format!("u-session-{max}")).unwrap();
+        assert_eq!(l.session.unwrap().as_str(), max);
+        let e = parse_username(&format!("u-session-{max}k")).unwrap_err();
+        assert_eq!(variant(&e), "InvalidValue");
+        assert!(
+            e.to_string().contains("k..."),
+            "the echoed value is cut short: {e}"
+        );
+
+        let pool = "p".repeat(MAX_POOL_NAME_LEN);
+        assert_eq!(
+            parse_username(&format!("u-pool-{pool}")).unwrap().pool,
+            Some(pool.clone())
+        );
+        assert!(parse_username(&format!("u-pool-{pool}p")).is_err());
+    }
+
+    #[test]
+    fn error_messages_say_what_and_the_expected_form() {
+        let e = parse_username("u-session-").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "username token `-session-` needs a value: \
+             <user>-session-<key>, 1 to 128 characters of [A-Za-z0-9_.]"
+        );
+        for &(username, expect) in CASES {
+            if expect.is_err() {
+                let msg = parse_username(username).unwrap_err().to_string();
+                assert!(msg.contains('<'), "no expected form: {msg}");
+            }
+        }
+        let e = parse_username("u-sesstime-abc").unwrap_err().to_string();
+        assert!(
+            e.contains("`-sesstime-`") && e.contains("`abc`") && e.contains("1 to 1440"),
+            "{e}"
+        );
+        let e = parse_username("u-session-a-sessid-b")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`-session-`") && e.contains("`-sessid-`"), "{e}");
+        let e = parse_username("u-session-a-Country")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`-Country`"), "{e}");
+        let e = parse(&headers(b"x-pool-name: a.b"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("x-pool-name") && e.contains("[A-Za-z0-9_-]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn echoed_values_are_header_safe() {
+        let e = parse_username("u-session-a\"b\\c`d\u{7f}é")
+            .unwrap_err()
+            .to_string();
+        assert!(HeaderValue::from_str(&e).is_ok(), "{e}");
+        assert!(!e.contains('"') && !e.contains('\\'), "{e}");
+    }
+
+    /// What `parse` should yield.
+    #[derive(Debug, Clone, Copy)]
+    struct Want {
+        session: Option<&'static str>,
+        create: bool,
+        pool: Option<&'static str>,
+        ttl_min: Option<u64>,
+        user: Option<&'static str>,
+        password: Option<&'static str>,
+    }
+
+    /// Nothing asked for.
+    const W: Want = Want {
+        session: None,
+        create: false,
+        pool: None,
+        ttl_min: None,
+        user: None,
+        password: None,
+    };
+
+    impl Want {
+        const fn key(self, key: &'static str) -> Self {
+            Want {
+                session: Some(key),
+                ..self
+            }
+        }
+        const fn create(self) -> Self {
+            Want {
+                create: true,
+                ..self
+            }
+        }
+        const fn pool(self, pool: &'static str) -> Self {
+            Want {
+                pool: Some(pool),
+                ..self
+            }
+        }
+        const fn ttl(self, minutes: u64) -> Self {
+            Want {
+                ttl_min: Some(minutes),
+                ..self
+            }
+        }
+        const fn creds(self, user: &'static str, password: &'static str) -> Self {
+            Want {
+                user: Some(user),
+                password: Some(password),
+                ..self
+            }
+        }
+    }
+
+    /// Header lines `name: value`, one per `\n`; the pseudo-header `basic: user:pass` stands for
+    /// `Proxy-Authorization: Basic base64(user:pass)`.
+    fn headers(spec: &[u8]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for line in spec.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let colon = line.iter().position(|&b| b == b':').unwrap();
+            let (name, value) = (&line[..colon], &line[colon + 2..]);
+            if name == b"basic" {
+                let v = format!("Basic {}", STANDARD.encode(value));
+                map.append(PROXY_AUTHORIZATION, HeaderValue::from_str(&v).unwrap());
+            } else {
+                let name = HeaderName::from_bytes(name).unwrap();
+                map.append(name, HeaderValue::from_bytes(value).unwrap());
+            }
+        }
+        map
+    }
+
+    const REQUESTS: &[(&[u8], Result<Want, &str>)] = &[
+        (b"", Ok(W)),
+        (b"x-other: 1", Ok(W)),
+        // X-Pool-Session and create.
+        (b"x-pool-session: abc", Ok(W.key("abc"))),
+        (b"X-Pool-Session:   abc\t", Ok(W.key("abc"))),
+        (b"x-pool-session: create", Ok(W.create())),
+        (b"x-pool-session: CrEaTe", Ok(W.create())),
+        (b"x-pool-session: Az09._~:@+=-", Ok(W.key("Az09._~:@+=-"))),
+        // Aliases.
+        (b"x-lpm-session: l1", Ok(W.key("l1"))),
+        (b"zyte-session-id: 0f3c-4a1e-9b", Ok(W.key("0f3c-4a1e-9b"))),
+        (b"x-crawlera-session: 12345", Ok(W.key("12345"))),
+        (b"x-crawlera-session: create", Ok(W.create())),
+        (b"X-Crawlera-Session: CREATE", Ok(W.create())),
+        // Only X-Pool-Session and X-Crawlera-Session give `create` a meaning.
+        (b"zyte-session-id: create", Ok(W.key("create"))),
+        (b"x-lpm-session: create", Ok(W.key("create"))),
+        // Priority: the first present header counts, the others are not read.
+        (
+            b"x-crawlera-session: c\nzyte-session-id: z\nx-lpm-session: l\nx-pool-session: p",
+            Ok(W.key("p")),
+        ),
+        (
+            b"x-crawlera-session: c\nzyte-session-id: z\nx-lpm-session: l",
+            Ok(W.key("l")),
+        ),
+        (b"x-crawlera-session: c\nzyte-session-id: z", Ok(W.key("z"))),
+        (
+            b"x-crawlera-session: create\nzyte-session-id: z",
+            Ok(W.key("z")),
+        ),
+        (b"x-pool-session: create\nx-lpm-session: l", Ok(W.create())),
+        (b"x-pool-session: p\nx-lpm-session: bad key", Ok(W.key("p"))),
+        // Header key grammar.
+        (b"x-pool-session: ", Err("InvalidHeader")),
+        (b"x-pool-session:    ", Err("InvalidHeader")),
+        (b"x-pool-session: a b", Err("InvalidHeader")),
+        (b"x-pool-session: a/b", Err("InvalidHeader")),
+        (b"x-pool-session: a\"b", Err("InvalidHeader")),
+        (b"x-lpm-session: a,b", Err("InvalidHeader")),
+        (b"x-crawlera-session: ", Err("InvalidHeader")),
+        (b"x-pool-session: \xff\xfe", Err("HeaderNotText")),
+        (b"zyte-session-id: caf\xc3\xa9", Err("HeaderNotText")),
+        (
+            b"x-pool-session: a\nx-pool-session: b",
+            Err("HeaderRepeated"),
+        ),
+        // X-Pool-Name.
+        (b"x-pool-name: eu-west_1", Ok(W.pool("eu-west_1"))),
+        (b"x-pool-name: eu.west", Err("InvalidHeader")),
+        (b"x-pool-name: ", Err("InvalidHeader")),
+        (b"x-pool-name: \xe9", Err("HeaderNotText")),
+        (b"x-pool-name: a\nx-pool-name: b", Err("HeaderRepeated")),
+        // Proxy-Authorization.
+        (b"basic: u:p", Ok(W.creds("u", "p"))),
+        (b"proxy-authorization: Basic dTpw", Ok(W.creds("u", "p"))),
+        (b"proxy-authorization: basic   dTpw ", Ok(W.creds("u", "p"))),
+        (b"proxy-authorization: Basic dTp3eA", Ok(W.creds("u", "wx"))),
+        (b"basic: u:p:w:x", Ok(W.creds("u", "p:w:x"))),
+        (b"basic: :pw", Ok(W.creds("", "pw"))),
+        (b"basic: plain:", Ok(W.creds("plain", ""))),
+        (b"proxy-authorization: Bearer abc.def", Ok(W)),
+        (b"proxy-authorization: Digest username=\"u\"", Ok(W)),
+        (
+            b"proxy-authorization: Basic !!!notbase64",
+            Err("InvalidProxyAuthorization"),
+        ),
+        (
+            b"proxy-authorization: Basic",
+            Err("InvalidProxyAuthorization"),
+        ),
+        (
+            b"proxy-authorization: Basic dXNlcg==",
+            Err("InvalidProxyAuthorization"),
+        ),
+        (
+            b"proxy-authorization: Basic df86cA==",
+            Err("InvalidProxyAuthorization"),
+        ),
+        (
+            b"proxy-authorization: Basic \xff",
+            Err("InvalidProxyAuthorization"),
+        ),
+        (b"basic: u:p\nbasic: u:p", Err("InvalidProxyAuthorization")),
+        // Username labels through parse.
+        (
+            b"basic: user-session-abc:pw",
+            Ok(W.creds("user", "pw").key("abc")),
+        ),
+        (
+            b"basic: u-pool-eu-sessid-s1-sesstime-10:pw",
+            Ok(W.creds("u", "pw").key("s1").pool("eu").ttl(10)),
+        ),
+        (b"basic: u-session-:pw", Err("MissingValue")),
+        (b"basic: session-a:pw", Err("EmptyAccount")),
+        // A header session (or create) wins over a username session; the lifetime still applies.
+        (
+            b"basic: u-session-u1-sesstime-5:pw\nx-pool-session: h1",
+            Ok(W.creds("u", "pw").key("h1").ttl(5)),
+        ),
+        (
+            b"basic: u-session-u1:pw\nzyte-session-id: z1",
+            Ok(W.creds("u", "pw").key("z1")),
+        ),
+        (
+            b"basic: u-session-u1:pw\nx-pool-session: create",
+            Ok(W.creds("u", "pw").create()),
+        ),
+        // X-Pool-Name wins over -pool-.
+        (
+            b"basic: u-pool-a:pw\nx-pool-name: b",
+            Ok(W.creds("u", "pw").pool("b")),
+        ),
+        // A lifetime needs a session from somewhere.
+        (b"basic: u-sesstime-10:pw", Err("LifetimeWithoutSession")),
+        (
+            b"basic: u-sesstime-10:pw\nx-pool-session: create",
+            Ok(W.creds("u", "pw").create().ttl(10)),
+        ),
+        // A bad header is an error even when the username is fine.
+        (
+            b"basic: u-session-a:pw\nx-pool-session: a b",
+            Err("InvalidHeader"),
+        ),
+    ];
+
+    #[test]
+    fn parse_table() {
+        for &(spec, expect) in REQUESTS {
+            let case = String::from_utf8_lossy(spec);
+            let got = parse(&headers(spec));
+            match (expect, &got) {
+                (Ok(want), Ok(r)) => {
+                    assert_eq!(
+                        r.session.as_ref().map(SessionKey::as_str),
+                        want.session,
+                        "{case}"
+                    );
+                    assert_eq!(r.create, want.create, "{case}");
+                    assert_eq!(r.pool.as_deref(), want.pool, "{case}");
+                    assert_eq!(
+                        r.ttl,
+                        want.ttl_min.map(|m| Duration::from_secs(m * 60)),
+                        "{case}"
+                    );
+                    assert_eq!(r.user.as_deref(), want.user, "{case}");
+                    assert_eq!(r.password.as_deref(), want.password, "{case}");
+                }
+                (Err(name), Err(e)) => {
+                    assert_eq!(variant(e), name, "{case}: {e}");
+                    // Credentials problems are 407s, header problems 400s.
+                    let auth = case.starts_with("basic") || case.starts_with("proxy-authorization");
+                    let header = ["x-pool-", "x-lpm-", "zyte-", "x-crawlera-"]
+                        .iter()
+                        .any(|h| case.lines().any(|l| l.to_ascii_lowercase().starts_with(h)));
+                    assert_eq!(e.is_proxy_auth(), auth && !header, "{case}: {e}");
+                }
+                _ => panic!("{case}: expected {expect:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn header_value_lengths() {
+        let max = "k".repeat(MAX_SESSION_KEY_LEN);
+        let got = parse(&headers(format!("x-pool-session: {max}").as_bytes())).unwrap();
+        assert_eq!(got.session.unwrap().as_str(), max);
+        let e = parse(&headers(format!("x-pool-session: {max}k").as_bytes())).unwrap_err();
+        assert_eq!(variant(&e), "InvalidHeader");
+
+        let name = "p".repeat(MAX_POOL_NAME_LEN);
+        let got = parse(&headers(format!("x-pool-name: {name}").as_bytes())).unwrap();
+        assert_eq!(got.pool, Some(name.clone()));
+        assert!(parse(&headers(format!("x-pool-name: {name}p").as_bytes())).is_err());
+    }
+
+    #[test]
+    fn errors_never_contain_the_password() {
+        const PASSWORD: &str = "hunter2SECRET";
+        // Every failing username of the table (a Basic user-id cannot hold `:`), and the odd client
+        // that repeats its password in its username.
+        let usernames = CASES
+            .iter()
+            .filter(|(u, e)| e.is_err() && !u.contains(':'))
+            .map(|(u, _)| *u)
+            .chain([
+                "u-sesstime-hunter2SECRET",
+                "u-session-hunter2SECRET!",
+                "u-session-a-hunter2SECRET",
+                "u-pool-hunter2SECRET.x",
+                "u-sesstime-10",
+            ]);
+        for username in usernames {
+            let e =
+                parse(&headers(format!("basic: {username}:{PASSWORD}").as_bytes())).unwrap_err();
+            assert!(e.is_proxy_auth(), "{username}: {e}");
+            assert!(!e.to_string().contains(PASSWORD), "{username}: {e}");
+            assert!(!format!("{e:?}").contains(PASSWORD), "{username}: {e:?}");
+        }
+
+        // Not even a partial copy cut by the echo's length limit, or one mangled by sanitising.
+        for (username, password) in [
+            (format!("u-session-{}{PASSWORD}!", "x".repeat(33)), PASSWORD),
+            ("u-session-a\"b!".to_owned(), "a\"b"),
+        ] {
+            let spec = format!("basic: {username}:{password}");
+            let e = parse(&headers(spec.as_bytes())).unwrap_err();
+            assert!(
+                !e.to_string().contains("hunter") && !e.to_string().contains("a?b"),
+                "{e}"
+            );
+        }
+
+        // Malformed credentials are not echoed either.
+        for raw in [
+            "Basic !!hunter2SECRET",
+            "Basic hunter2SECRET",
+            "Basic aHVudGVyMlNFQ1JFVA==",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(PROXY_AUTHORIZATION, HeaderValue::from_static(raw));
+            let e = parse(&h).unwrap_err().to_string();
+            assert!(!e.contains("hunter2") && !e.contains("aHVudGVy"), "{e}");
+        }
+
+        // Nor does a parsed request's Debug.
+        let req = parse(&headers(
+            format!("basic: u-session-a:{PASSWORD}").as_bytes(),
+        ))
+        .unwrap();
+        assert_eq!(req.password.as_deref(), Some(PASSWORD));
+        assert!(!format!("{req:?}").contains(PASSWORD), "{req:?}");
+    }
+
+    #[test]
+    fn minted_keys_are_distinct_and_valid() {
+        let keys: std::collections::HashSet<SessionKey> = (0..1000).map(|_| mint_key()).collect();
+        assert_eq!(keys.len(), 1000);
+        for k in &keys {
+            assert_eq!(k.as_str().len(), 32);
+            assert_eq!(SessionKey::new(k.as_str()).as_ref(), Ok(k));
+            let got = parse(&headers(format!("x-pool-session: {k}").as_bytes())).unwrap();
+            assert_eq!(got.session.as_ref(), Some(k));
+            let got = parse_username(&format!("u-session-{k}")).unwrap();
+            assert_eq!(got.session.as_ref(), Some(k));
+        }
+    }
+
+    #[test]
+    fn session_key_new_and_display() {
+        let k: SessionKey = "a.b~c".parse().unwrap();
+        assert_eq!(k.to_string(), "a.b~c");
+        assert_eq!(k.as_ref(), "a.b~c");
+        assert_eq!(variant(&SessionKey::new("").unwrap_err()), "InvalidKey");
+        assert!(SessionKey::new("a b").is_err());
+        assert!(SessionKey::new(&"k".repeat(MAX_SESSION_KEY_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn session_headers_cover_every_header_read() {
+        for h in SESSION_HEADERS {
+            assert_eq!(*h, h.to_ascii_lowercase());
+        }
+        for (name, _, _) in KEY_HEADERS {
+            assert!(SESSION_HEADERS.contains(name), "{name}");
+        }
+        assert!(SESSION_HEADERS.contains(&POOL_HEADER));
+    }
+}

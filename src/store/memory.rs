@@ -1,0 +1,657 @@
+//! The embedded store: pool state in this process, one mutex per pool.
+//!
+//! Each operation takes its pool's lock once, does its whole read-decide-write step and lets go;
+//! nothing awaits while holding it. Time comes from `tokio::time::Instant`, so tests drive lease
+//! and session expiry with a paused clock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{
+    Acquired, Grant, LeaseId, MemberStatus, PoolSpec, PoolStatus, Store, StoreError, Want,
+};
+use crate::config::Strategy;
+use crate::health::Outcome;
+use crate::upstream::UpstreamId;
+
+/// How often expired session bindings are swept out, at most.
+const SESSION_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+pub struct MemoryStore {
+    pools: RwLock<HashMap<String, Arc<PoolEntry>>>,
+}
+
+struct PoolEntry {
+    state: Mutex<PoolState>,
+    released: Arc<Notify>,
+}
+
+struct PoolState {
+    spec: PoolSpec,
+    members: HashMap<UpstreamId, Member>,
+    /// Members in service ordered by allocation count: the least-used pick is the first
+    /// eligible entry.
+    by_allocs: BTreeSet<(u64, UpstreamId)>,
+    rr_next: usize,
+    sessions: HashMap<String, Binding>,
+    next_lease: u64,
+    last_sweep: Instant,
+}
+
+#[derive(Default)]
+struct Member {
+    /// Cumulative allocations (not in-flight work).
+    allocs: u64,
+    /// Live leases and their deadlines.
+    leases: HashMap<u64, Instant>,
+    /// Still a member; a removed one lingers only until its last lease ends.
+    in_pool: bool,
+    outcomes: [u64; Outcome::ALL.len()],
+    latency_total: Duration,
+    latency_count: u64,
+}
+
+struct Binding {
+    upstream: UpstreamId,
+    expires: Instant,
+}
+
+impl Member {
+    fn live_leases(&mut self, now: Instant) -> usize {
+        self.leases.retain(|_, deadline| *deadline > now);
+        self.leases.len()
+    }
+}
+
+impl PoolState {
+    fn at_cap(&mut self, id: &UpstreamId, now: Instant) -> bool {
+        let cap = self.spec.max_concurrency;
+        match self.members.get_mut(id) {
+            Some(m) => cap.is_some_and(|cap| m.live_leases(now) >= cap as usize),
+            None => true,
+        }
+    }
+
+    fn in_service(&self, id: &UpstreamId) -> bool {
+        self.members.get(id).is_some_and(|m| m.in_pool)
+    }
+
+    /// Leases `id`, counting the allocation.
+    fn grant(&mut self, id: &UpstreamId, now: Instant, bound_now: bool) -> Acquired {
+        let lease = self.next_lease;
+        self.next_lease += 1;
+        let deadline = now + self.spec.lease_ttl;
+        if let Some(m) = self.members.get_mut(id) {
+            if m.in_pool {
+                self.by_allocs.remove(&(m.allocs, id.clone()));
+                self.by_allocs.insert((m.allocs + 1, id.clone()));
+            }
+            m.allocs += 1;
+            m.leases.insert(lease, deadline);
+        }
+        Acquired::Granted(Grant {
+            upstream: id.clone(),
+            lease: LeaseId(lease),
+            bound_now,
+        })
+    }
+
+    fn acquire_any(&mut self, exclude: &[UpstreamId], now: Instant) -> Acquired {
+        let mut saw_candidate = false;
+        let pick = match self.spec.strategy {
+            Strategy::LeastUsed => {
+                let cap = self.spec.max_concurrency;
+                let mut pick = None;
+                for (_, id) in &self.by_allocs {
+                    if exclude.contains(id) {
+                        continue;
+                    }
+                    let Some(m) = self.members.get_mut(id) else {
+                        continue;
+                    };
+                    saw_candidate = true;
+                    if cap.is_none_or(|c| m.live_leases(now) < c as usize) {
+                        pick = Some(id.clone());
+                        break;
+                    }
+                }
+                pick
+            }
+            Strategy::LeastConnections => {
+                let mut best: Option<(usize, u64, UpstreamId)> = None;
+                let cap = self.spec.max_concurrency;
+                for id in &self.spec.members {
+                    if exclude.contains(id) {
+                        continue;
+                    }
+                    let Some(m) = self.members.get_mut(id) else {
+                        continue;
+                    };
+                    saw_candidate = true;
+                    let live = m.live_leases(now);
+                    if cap.is_some_and(|c| live >= c as usize) {
+                        continue;
+                    }
+                    if best
+                        .as_ref()
+                        .is_none_or(|(l, a, _)| (live, m.allocs) < (*l, *a))
+                    {
+                        best = Some((live, m.allocs, id.clone()));
+                    }
+                }
+                best.map(|(_, _, id)| id)
+            }
+            Strategy::RoundRobin => {
+                let n = self.spec.members.len();
+                let mut pick = None;
+                for step in 0..n {
+                    let idx = (self.rr_next + step) % n;
+                    let id = self.spec.members[idx].clone();
+                    if exclude.contains(&id) {
+                        continue;
+                    }
+                    saw_candidate = true;
+                    if !self.at_cap(&id, now) {
+                        self.rr_next = (idx + 1) % n;
+                        pick = Some(id);
+                        break;
+                    }
+                }
+                pick
+            }
+        };
+        match pick {
+            Some(id) => self.grant(&id, now, false),
+            None if saw_candidate => Acquired::AtCapacity,
+            None => Acquired::NoCandidates,
+        }
+    }
+
+    fn acquire_session(
+        &mut self,
+        key: &str,
+        ttl: Duration,
+        preferred: &[UpstreamId],
+        rebind: bool,
+        now: Instant,
+    ) -> Acquired {
+        self.sweep_sessions(now);
+        let bound = self
+            .sessions
+            .get(key)
+            .filter(|b| b.expires > now)
+            .map(|b| b.upstream.clone());
+        if let Some(up) = bound {
+            if self.in_service(&up) {
+                if self.at_cap(&up, now) {
+                    return Acquired::AtCapacity;
+                }
+                if let Some(b) = self.sessions.get_mut(key) {
+                    b.expires = now + ttl;
+                }
+                return self.grant(&up, now, false);
+            }
+            if !rebind {
+                return Acquired::SessionUnavailable(up);
+            }
+            self.sessions.remove(key);
+        }
+        let Some(first) = preferred.iter().find(|id| self.in_service(id)).cloned() else {
+            return Acquired::NoCandidates;
+        };
+        if self.at_cap(&first, now) {
+            return Acquired::AtCapacity;
+        }
+        self.sessions.insert(
+            key.to_string(),
+            Binding {
+                upstream: first.clone(),
+                expires: now + ttl,
+            },
+        );
+        self.grant(&first, now, true)
+    }
+
+    fn sweep_sessions(&mut self, now: Instant) {
+        if now.duration_since(self.last_sweep) >= SESSION_SWEEP_INTERVAL {
+            self.sessions.retain(|_, b| b.expires > now);
+            self.last_sweep = now;
+        }
+    }
+
+    fn reconfigure(&mut self, spec: PoolSpec) {
+        // A joining member starts at the current minimum so it is not flooded by least-used.
+        let floor = self.by_allocs.first().map_or(0, |(a, _)| *a);
+        for m in self.members.values_mut() {
+            m.in_pool = false;
+        }
+        self.by_allocs.clear();
+        for id in &spec.members {
+            let m = self.members.entry(id.clone()).or_insert_with(|| Member {
+                allocs: floor,
+                ..Member::default()
+            });
+            m.in_pool = true;
+            self.by_allocs.insert((m.allocs, id.clone()));
+        }
+        self.members
+            .retain(|_, m| m.in_pool || !m.leases.is_empty());
+        self.rr_next = 0;
+        self.spec = spec;
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn entry(&self, pool: &str) -> Result<Arc<PoolEntry>, StoreError> {
+        let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
+        pools
+            .get(pool)
+            .cloned()
+            .ok_or_else(|| StoreError::UnknownPool(pool.to_string()))
+    }
+}
+
+/// A poisoned lock only means another request panicked mid-step; the state is still usable.
+fn lock(entry: &PoolEntry) -> MutexGuard<'_, PoolState> {
+    entry.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Store for MemoryStore {
+    async fn configure(&self, spec: PoolSpec) -> Result<(), StoreError> {
+        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = pools.get(&spec.name) {
+            lock(entry).reconfigure(spec);
+            entry.released.notify_waiters();
+            return Ok(());
+        }
+        let mut state = PoolState {
+            spec: PoolSpec {
+                members: Vec::new(),
+                ..spec.clone()
+            },
+            members: HashMap::new(),
+            by_allocs: BTreeSet::new(),
+            rr_next: 0,
+            sessions: HashMap::new(),
+            next_lease: 1,
+            last_sweep: Instant::now(),
+        };
+        state.reconfigure(spec.clone());
+        pools.insert(
+            spec.name,
+            Arc::new(PoolEntry {
+                state: Mutex::new(state),
+                released: Arc::new(Notify::new()),
+            }),
+        );
+        Ok(())
+    }
+
+    async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
+        let entry = self.entry(pool)?;
+        let now = Instant::now();
+        let mut state = lock(&entry);
+        Ok(match want {
+            Want::Any { exclude } => state.acquire_any(exclude, now),
+            Want::Session {
+                key,
+                ttl,
+                preferred,
+                rebind,
+            } => state.acquire_session(key, ttl, preferred, rebind, now),
+        })
+    }
+
+    async fn release(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        let entry = self.entry(pool)?;
+        {
+            let mut state = lock(&entry);
+            let mut gone = false;
+            if let Some(m) = state.members.get_mut(upstream) {
+                m.leases.remove(&lease.0);
+                m.outcomes[outcome.index()] += 1;
+                m.latency_total += latency;
+                m.latency_count += 1;
+                gone = !m.in_pool && m.leases.is_empty();
+            }
+            if gone {
+                state.members.remove(upstream);
+            }
+        }
+        entry.released.notify_waiters();
+        Ok(())
+    }
+
+    async fn extend(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+    ) -> Result<(), StoreError> {
+        let entry = self.entry(pool)?;
+        let mut state = lock(&entry);
+        let deadline = Instant::now() + state.spec.lease_ttl;
+        if let Some(d) = state
+            .members
+            .get_mut(upstream)
+            .and_then(|m| m.leases.get_mut(&lease.0))
+        {
+            *d = deadline;
+        }
+        Ok(())
+    }
+
+    async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
+        let entry = self.entry(pool)?;
+        let mut state = lock(&entry);
+        if state
+            .sessions
+            .get(key)
+            .is_some_and(|b| &b.upstream == upstream)
+        {
+            state.sessions.remove(key);
+        }
+        Ok(())
+    }
+
+    fn release_signal(&self, pool: &str) -> Arc<Notify> {
+        match self.entry(pool) {
+            Ok(e) => e.released.clone(),
+            Err(_) => Arc::new(Notify::new()),
+        }
+    }
+
+    async fn status(&self, pool: &str) -> Result<PoolStatus, StoreError> {
+        let entry = self.entry(pool)?;
+        let now = Instant::now();
+        let mut state = lock(&entry);
+        let sessions_live = state.sessions.values().filter(|b| b.expires > now).count() as u64;
+        let ids = state.spec.members.clone();
+        let members = ids
+            .iter()
+            .filter_map(|id| {
+                let m = state.members.get_mut(id)?;
+                let live = m.live_leases(now) as u64;
+                let outcomes: BTreeMap<&'static str, u64> = Outcome::ALL
+                    .iter()
+                    .map(|o| (o.as_str(), m.outcomes[o.index()]))
+                    .collect();
+                let total: u64 = Outcome::ALL
+                    .iter()
+                    .filter(|o| o.is_judgement())
+                    .map(|o| m.outcomes[o.index()])
+                    .sum();
+                let ok: u64 = Outcome::ALL
+                    .iter()
+                    .filter(|o| o.is_success())
+                    .map(|o| m.outcomes[o.index()])
+                    .sum();
+                Some(MemberStatus {
+                    id: id.to_string(),
+                    leases_live: live,
+                    allocations: m.allocs,
+                    outcomes,
+                    success_ratio: (total > 0).then(|| ok as f64 / total as f64),
+                    latency_avg_ms: (m.latency_count > 0)
+                        .then(|| m.latency_total.as_secs_f64() * 1000.0 / m.latency_count as f64),
+                })
+            })
+            .collect();
+        Ok(PoolStatus {
+            sessions_live,
+            members,
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: usize) -> Vec<UpstreamId> {
+        (0..n).map(|i| UpstreamId::new(format!("u{i}"))).collect()
+    }
+
+    async fn store(
+        strategy: Strategy,
+        n: usize,
+        cap: Option<u32>,
+    ) -> (MemoryStore, Vec<UpstreamId>) {
+        let s = MemoryStore::new();
+        let members = ids(n);
+        s.configure(PoolSpec {
+            name: "p".into(),
+            members: members.clone(),
+            strategy,
+            max_concurrency: cap,
+            lease_ttl: Duration::from_secs(10),
+        })
+        .await
+        .unwrap();
+        (s, members)
+    }
+
+    fn granted(a: Acquired) -> Grant {
+        match a {
+            Acquired::Granted(g) => g,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn least_used_spreads_allocations_evenly() {
+        let (s, _) = store(Strategy::LeastUsed, 8, None).await;
+        for _ in 0..8_000 {
+            let g = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+            s.release("p", &g.upstream, g.lease, Outcome::Ok, Duration::ZERO)
+                .await
+                .unwrap();
+        }
+        let st = s.status("p").await.unwrap();
+        let allocs: Vec<u64> = st.members.iter().map(|m| m.allocations).collect();
+        assert!(
+            allocs.iter().max().unwrap() - allocs.iter().min().unwrap() <= 1,
+            "{allocs:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn cap_is_enforced_and_release_frees_capacity() {
+        let (s, _) = store(Strategy::LeastUsed, 2, Some(1)).await;
+        let a = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        let b = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        assert_ne!(a.upstream, b.upstream);
+        assert_eq!(
+            s.acquire("p", Want::Any { exclude: &[] }).await.unwrap(),
+            Acquired::AtCapacity
+        );
+        s.release("p", &a.upstream, a.lease, Outcome::Ok, Duration::ZERO)
+            .await
+            .unwrap();
+        let c = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        assert_eq!(c.upstream, a.upstream);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_of_a_dead_gateway_expire_by_themselves() {
+        let (s, _) = store(Strategy::LeastUsed, 1, Some(1)).await;
+        let _lost = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        assert_eq!(
+            s.acquire("p", Want::Any { exclude: &[] }).await.unwrap(),
+            Acquired::AtCapacity
+        );
+        tokio::time::advance(Duration::from_secs(11)).await;
+        granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn exclusion_leaves_no_candidates() {
+        let (s, m) = store(Strategy::RoundRobin, 2, None).await;
+        assert_eq!(
+            s.acquire("p", Want::Any { exclude: &m }).await.unwrap(),
+            Acquired::NoCandidates
+        );
+        let g = granted(
+            s.acquire("p", Want::Any { exclude: &m[..1] })
+                .await
+                .unwrap(),
+        );
+        assert_eq!(g.upstream, m[1]);
+    }
+
+    #[tokio::test]
+    async fn round_robin_and_least_connections_rotate() {
+        let (s, m) = store(Strategy::RoundRobin, 3, None).await;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            seen.push(granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap()).upstream);
+        }
+        assert_eq!(
+            seen,
+            [
+                m[0].clone(),
+                m[1].clone(),
+                m[2].clone(),
+                m[0].clone(),
+                m[1].clone(),
+                m[2].clone()
+            ]
+        );
+
+        let (s, _) = store(Strategy::LeastConnections, 3, None).await;
+        let a = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        let b = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        assert_ne!(a.upstream, b.upstream);
+        s.release("p", &a.upstream, a.lease, Outcome::Ok, Duration::ZERO)
+            .await
+            .unwrap();
+        let c = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        assert_ne!(c.upstream, b.upstream, "b still holds a connection");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn session_binds_once_slides_and_expires() {
+        let (s, m) = store(Strategy::LeastUsed, 4, None).await;
+        let ttl = Duration::from_secs(60);
+        let preferred = vec![m[2].clone(), m[0].clone()];
+        let session = Want::Session {
+            key: "k",
+            ttl,
+            preferred: &preferred,
+            rebind: false,
+        };
+        let g = granted(s.acquire("p", session).await.unwrap());
+        assert_eq!((g.upstream.clone(), g.bound_now), (m[2].clone(), true));
+        // A different preference later does not move a live binding.
+        let other = vec![m[1].clone()];
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_secs(50)).await;
+            let g = granted(
+                s.acquire(
+                    "p",
+                    Want::Session {
+                        key: "k",
+                        ttl,
+                        preferred: &other,
+                        rebind: false,
+                    },
+                )
+                .await
+                .unwrap(),
+            );
+            assert_eq!((g.upstream, g.bound_now), (m[2].clone(), false));
+        }
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let g = granted(
+            s.acquire(
+                "p",
+                Want::Session {
+                    key: "k",
+                    ttl,
+                    preferred: &other,
+                    rebind: false,
+                },
+            )
+            .await
+            .unwrap(),
+        );
+        assert_eq!(g.upstream, m[1]);
+    }
+
+    #[tokio::test]
+    async fn removed_upstream_fails_its_sessions_unless_rebind() {
+        let (s, m) = store(Strategy::LeastUsed, 3, None).await;
+        let ttl = Duration::from_secs(60);
+        let pref = vec![m[0].clone(), m[1].clone()];
+        granted(
+            s.acquire(
+                "p",
+                Want::Session {
+                    key: "k",
+                    ttl,
+                    preferred: &pref,
+                    rebind: false,
+                },
+            )
+            .await
+            .unwrap(),
+        );
+        s.configure(PoolSpec {
+            name: "p".into(),
+            members: m[1..].to_vec(),
+            strategy: Strategy::LeastUsed,
+            max_concurrency: None,
+            lease_ttl: Duration::from_secs(10),
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            s.acquire(
+                "p",
+                Want::Session {
+                    key: "k",
+                    ttl,
+                    preferred: &pref,
+                    rebind: false
+                }
+            )
+            .await
+            .unwrap(),
+            Acquired::SessionUnavailable(m[0].clone())
+        );
+        let g = granted(
+            s.acquire(
+                "p",
+                Want::Session {
+                    key: "k",
+                    ttl,
+                    preferred: &pref,
+                    rebind: true,
+                },
+            )
+            .await
+            .unwrap(),
+        );
+        assert_eq!((g.upstream, g.bound_now), (m[1].clone(), true));
+    }
+}
