@@ -48,6 +48,21 @@ impl Outcome {
         }
     }
 
+    /// The snake_case name used as a field in `/status` and as a metrics label.
+    pub fn key(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ConnectError => "connect_error",
+            Outcome::Timeout => "timeout",
+            Outcome::Reset => "reset",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Captcha => "captcha",
+            Outcome::Blocked => "blocked",
+            Outcome::OriginError => "origin_error",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
     pub fn index(self) -> usize {
         self as usize
     }

@@ -34,7 +34,8 @@ pub type Body = BoxBody<Bytes, hyper::Error>;
 
 /// The proxy service: never fails, every error becomes its response here.
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
-    let result = if req.method() == Method::CONNECT {
+    let connect = req.method() == Method::CONNECT;
+    let result = if connect {
         tunnel::handle(&gw, req).await
     } else if req.uri().scheme().is_some() && req.uri().authority().is_some() {
         forward::handle(&gw, req).await
@@ -43,7 +44,16 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
     };
     result.unwrap_or_else(|e| {
         tracing::debug!(error = %e, code = e.code(), "request failed");
-        e.to_response()
+        let mut resp = e.to_response();
+        // After a refused CONNECT the client may already have sent tunnel bytes (a TLS hello);
+        // they must never be read as a next request. A malformed request gets no second chance.
+        if connect || e.status() == http::StatusCode::BAD_REQUEST {
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     })
 }
 

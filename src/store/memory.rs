@@ -390,7 +390,7 @@ impl Store for MemoryStore {
                 let live = m.live_leases(now) as u64;
                 let outcomes: BTreeMap<&'static str, u64> = Outcome::ALL
                     .iter()
-                    .map(|o| (o.as_str(), m.outcomes[o.index()]))
+                    .map(|o| (o.key(), m.outcomes[o.index()]))
                     .collect();
                 let total: u64 = Outcome::ALL
                     .iter()

@@ -82,10 +82,11 @@ pub enum StoreError {
 /// Per-upstream figures for `/status`.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct MemberStatus {
+    #[serde(skip)]
     pub id: String,
     pub leases_live: u64,
     pub allocations: u64,
-    /// Count of each outcome by name.
+    /// Count of each outcome, keyed by [`Outcome::key`].
     pub outcomes: std::collections::BTreeMap<&'static str, u64>,
     pub success_ratio: Option<f64>,
     pub latency_avg_ms: Option<f64>,

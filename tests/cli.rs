@@ -1,0 +1,187 @@
+//! The `poolgate` binary as an operator meets it: `check`, the shipped config, and SIGTERM.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Origin, OriginBehaviour};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const BIN: &str = env!("CARGO_BIN_EXE_poolgate");
+
+fn write_config(dir: &tempfile::TempDir, text: &str) -> std::path::PathBuf {
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn shipped_gateway_toml_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml");
+    let config = poolgate::config::Config::load(std::path::Path::new(path)).unwrap();
+    assert_eq!(config.store, poolgate::config::StoreConfig::Memory);
+    assert_eq!(
+        config.pools["default"].upstreams[0].id.as_str(),
+        "direct://"
+    );
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config", path])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn check_names_every_bad_key_and_exits_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        &dir,
+        r#"
+[server]
+listen = "127.0.0.1:99999"
+[pools.default]
+upstreams = ["http://user:topsecret@10.0.0.1", "gopher://x:1"]
+strategy = "fastest"
+queue_timeout = "later"
+"#,
+    );
+    let out = std::process::Command::new(BIN)
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "server.listen",
+        "pools.default.upstreams[0]",
+        "pools.default.upstreams[1]",
+        "pools.default.strategy",
+        "pools.default.queue_timeout",
+    ] {
+        assert!(err.contains(key), "`{key}` not named in:\n{err}");
+    }
+    assert!(
+        !err.contains("topsecret"),
+        "a credential leaked into the error:\n{err}"
+    );
+
+    // A syntax error names its line; an unknown key is named too.
+    let path = write_config(
+        &dir,
+        "[pools.default]\nupstreams = [\"direct://\"]\nmax_conc = 3\n",
+    );
+    let out = std::process::Command::new(BIN)
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 3") && err.contains("max_conc"), "{err}");
+
+    // Running with a bad config refuses to start, with the same message.
+    let out = std::process::Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_conc"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_20_in_flight_requests_finish_then_exits_zero() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        &dir,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"20s\"\n\
+             [policy]\nallow_private_targets = true\n\
+             [pools.default]\nupstreams = [\"direct://\"]\n# origin on {}\n",
+            origin.port()
+        ),
+    );
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The proxy address is in the first log line: `poolgate listening proxy=127.0.0.1:PORT ...`.
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let proxy = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("proxy=").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the gateway exited before listening");
+    })
+    .await
+    .expect("the gateway logs its address");
+    let log_tail = tokio::spawn(async move {
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+
+    let client = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::all(format!("http://{proxy}")).unwrap())
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let mut requests = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let client = client.clone();
+        let url = origin.url("/slow?ms=1500");
+        requests.spawn(async move {
+            let resp = client.get(url).send().await?;
+            let status = resp.status();
+            resp.bytes().await?;
+            Ok::<_, reqwest::Error>(status)
+        });
+    }
+    assert!(
+        common::wait_until(|| origin.in_flight() == 20, Duration::from_secs(10)).await,
+        "20 requests in flight"
+    );
+    let pid = child.id().unwrap().to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+
+    let mut ok = 0;
+    while let Some(r) = requests.join_next().await {
+        assert_eq!(r.unwrap().unwrap(), 200);
+        ok += 1;
+    }
+    assert_eq!(ok, 20);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let log = log_tail.await.unwrap().join("\n");
+    assert!(
+        log.contains("SIGTERM") && log.contains("shutdown complete"),
+        "{log}"
+    );
+
+    // Nothing listens any more.
+    assert!(tokio::net::TcpStream::connect(&proxy).await.is_err());
+}

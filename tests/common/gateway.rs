@@ -1,0 +1,118 @@
+//! A poolgate instance started in-process on loopback ports chosen by the kernel.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use poolgate::app::{self, Drained, Running};
+use poolgate::config::Config;
+
+use super::TestCa;
+
+pub struct TestGateway {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    running: Option<Running>,
+}
+
+impl TestGateway {
+    /// Starts a gateway from config text without a `[server]` table; `server_extra` is added
+    /// inside `[server]` (listen addresses are always 127.0.0.1:0).
+    pub async fn start_with(server_extra: &str, rest: &str) -> TestGateway {
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{server_extra}\n{rest}"
+        );
+        let config =
+            Config::parse(&text, "test", None).unwrap_or_else(|e| panic!("{e}\n---\n{text}"));
+        Self::from_config(config).await
+    }
+
+    pub async fn start(rest: &str) -> TestGateway {
+        Self::start_with("", rest).await
+    }
+
+    pub async fn from_config(config: Config) -> TestGateway {
+        let running = app::start(config).await.expect("gateway starts");
+        TestGateway {
+            proxy: running.proxy_addr,
+            admin: running.admin_addr,
+            running: Some(running),
+        }
+    }
+
+    pub fn proxy_url(&self) -> String {
+        format!("http://{}", self.proxy)
+    }
+
+    /// A proxy URL carrying a username (for username session tokens).
+    pub fn proxy_url_as(&self, user: &str) -> String {
+        format!("http://{user}:x@{}", self.proxy)
+    }
+
+    /// A client that sends everything through the gateway.
+    pub fn client(&self) -> reqwest::Client {
+        self.client_via(&self.proxy_url(), None)
+    }
+
+    /// A client through `proxy_url`, trusting `ca` for HTTPS origins when given.
+    pub fn client_via(&self, proxy_url: &str, ca: Option<&TestCa>) -> reqwest::Client {
+        let mut b = reqwest::Client::builder()
+            .proxy(reqwest::Proxy::all(proxy_url).unwrap())
+            .timeout(Duration::from_secs(20));
+        if let Some(ca) = ca {
+            b = b
+                .add_root_certificate(ca.reqwest_cert())
+                .tls_built_in_root_certs(false);
+        }
+        b.build().unwrap()
+    }
+
+    /// The admin `/status` document.
+    pub async fn status(&self) -> serde_json::Value {
+        let body = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(format!("http://{}/status", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// `/status` figures of one upstream of one pool.
+    pub async fn upstream_status(&self, pool: &str, id: &str) -> serde_json::Value {
+        let status = self.status().await;
+        status["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == pool)
+            .and_then(|p| {
+                p["upstreams"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|u| u["id"] == id)
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no upstream {id} in pool {pool}: {status}"))
+    }
+
+    pub async fn shutdown(mut self) -> Drained {
+        match self.running.take() {
+            Some(r) => r.shutdown().await,
+            None => Drained::Clean,
+        }
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(r) = &self.running {
+            r.begin_shutdown();
+        }
+    }
+}
