@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, StoreConfig};
+use crate::health::classify::CaptchaRules;
 use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::memory::MemoryStore;
@@ -18,10 +19,23 @@ use crate::store::{AnyStore, Store};
 use crate::upstream::connect::Connector;
 use crate::upstream::reuse::ConnPool;
 use crate::upstream::tls::{self, TlsSetupError};
-use crate::{admin, proxy, server, shutdown};
+use crate::{admin, health, proxy, server, shutdown};
 
 /// How often idle upstream connections past their timeout are closed.
 const IDLE_SWEEP_INTERVAL: Duration = Duration::from_secs(15);
+/// How often cool-downs are checked; the granularity of a quarantine's end.
+const HEALTH_TICK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Ends the cool-downs that are over in every pool.
+pub async fn health_tick(gw: &Gateway) {
+    let pools = gw.pools.load_full();
+    for pool in pools.iter() {
+        let changes = pool.health.tick();
+        if !changes.is_empty() {
+            health::apply(&*gw.store, pool.name(), changes).await;
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -64,7 +78,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             ));
         }
     };
-    let pools = PoolSet::from_config(&config);
+    let health = health::Registry::default();
+    let pools = PoolSet::from_config(&config, &health);
     for pool in pools.iter() {
         store
             .configure(pool.spec())
@@ -88,6 +103,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         )),
         pools: ArcSwap::from_pointee(pools),
         store: Arc::new(store),
+        health,
+        captcha: CaptchaRules::new(&config.captcha),
         connector,
         tasks: TaskTracker::new(),
         shutdown: CancellationToken::new(),
@@ -110,6 +127,16 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         64,
         |gw, req, _peer| admin::handle(gw, req),
     ));
+    let ticker = gw.clone();
+    listeners.spawn(async move {
+        let mut tick = tokio::time::interval(HEALTH_TICK_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => health_tick(&ticker).await,
+                _ = ticker.shutdown.cancelled() => break,
+            }
+        }
+    });
     let sweeper = gw.clone();
     listeners.spawn(async move {
         let mut tick = tokio::time::interval(IDLE_SWEEP_INTERVAL);

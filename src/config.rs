@@ -57,7 +57,45 @@ struct FileConfig {
     #[serde(default)]
     upstream_tls: FileUpstreamTls,
     #[serde(default)]
+    captcha: FileCaptcha,
+    #[serde(default)]
     pools: BTreeMap<String, FilePool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileCaptcha {
+    sniff_bytes: Option<usize>,
+    markers: Option<Vec<String>>,
+    extra_markers: Option<Vec<String>>,
+    challenge_headers: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileHealth {
+    window: Option<usize>,
+    min_samples: Option<usize>,
+    degrade_after_failures: Option<u32>,
+    quarantine_after_failures: Option<u32>,
+    degrade_below_success: Option<f64>,
+    quarantine_below_success: Option<f64>,
+    ban_quarantine_ratio: Option<f64>,
+    ban_min_samples: Option<usize>,
+    recover_after_successes: Option<u32>,
+    half_open_successes: Option<u32>,
+    cooldown_base: Option<String>,
+    cooldown_max: Option<String>,
+    cooldown_jitter: Option<f64>,
+    cooldown_reset_after: Option<String>,
+    dead_after_cycles: Option<u32>,
+    max_quarantined_percent: Option<u32>,
+    min_in_service: Option<usize>,
+    target_incident_ratio: Option<f64>,
+    target_incident_min_upstreams: Option<usize>,
+    incident_window: Option<String>,
+    global_incident_ratio: Option<f64>,
+    max_targets: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -110,6 +148,8 @@ struct FilePool {
     lease_ttl: Option<String>,
     retries: Option<u32>,
     rebind_on_failure: Option<bool>,
+    #[serde(default)]
+    health: FileHealth,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -122,6 +162,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub policy: PolicyConfig,
     pub upstream_tls: UpstreamTlsConfig,
+    pub captcha: CaptchaConfig,
     /// Pools by name; never empty.
     pub pools: BTreeMap<String, PoolConfig>,
     /// The pool used when a request names none.
@@ -178,11 +219,130 @@ pub struct UpstreamTlsConfig {
     pub system_roots: bool,
 }
 
+/// What makes a response a captcha or challenge page.
+#[derive(Clone, Debug)]
+pub struct CaptchaConfig {
+    /// How much of a response body is inspected while it streams on.
+    pub sniff_bytes: usize,
+    /// Case-insensitive substrings of challenge pages.
+    pub markers: Vec<String>,
+    /// `name: value` pairs (value compared case-insensitively) that mark a challenge.
+    pub challenge_headers: Vec<(http::HeaderName, String)>,
+}
+
+pub const DEFAULT_SNIFF_BYTES: usize = 32 * 1024;
+pub const MAX_SNIFF_BYTES: usize = 1024 * 1024;
+
+/// Markers of the challenge pages scrapers meet most: reCAPTCHA, hCaptcha, Cloudflare, Google's
+/// "unusual traffic", DataDome, PerimeterX, Imperva.
+pub const DEFAULT_CAPTCHA_MARKERS: &[&str] = &[
+    "g-recaptcha",
+    "recaptcha/api.js",
+    "h-captcha",
+    "hcaptcha.com/1/api.js",
+    "challenges.cloudflare.com",
+    "/cdn-cgi/challenge-platform",
+    "cf-chl-",
+    "attention required! | cloudflare",
+    "our systems have detected unusual traffic",
+    "unusual traffic from your computer network",
+    "captcha-delivery.com",
+    "px-captcha",
+    "_incapsula_resource",
+];
+
+impl Default for CaptchaConfig {
+    fn default() -> Self {
+        CaptchaConfig {
+            sniff_bytes: DEFAULT_SNIFF_BYTES,
+            markers: DEFAULT_CAPTCHA_MARKERS
+                .iter()
+                .map(|m| m.to_string())
+                .collect(),
+            challenge_headers: vec![(
+                http::HeaderName::from_static("cf-mitigated"),
+                "challenge".to_string(),
+            )],
+        }
+    }
+}
+
+/// Passive-health thresholds of one pool. Defaults: one error is noise, three in a row or a
+/// success ratio under one half is a fault, and bans (captcha/blocked) trip earlier at 30% of five.
+#[derive(Clone, Debug)]
+pub struct HealthConfig {
+    /// Outcomes remembered per upstream for ratios.
+    pub window: usize,
+    /// Ratios count only once the window holds this many outcomes.
+    pub min_samples: usize,
+    pub degrade_after_failures: u32,
+    pub quarantine_after_failures: u32,
+    pub degrade_below_success: f64,
+    pub quarantine_below_success: f64,
+    /// Share of captcha/blocked outcomes that quarantines (the more sensitive threshold).
+    pub ban_quarantine_ratio: f64,
+    pub ban_min_samples: usize,
+    /// Consecutive successes that bring a degraded upstream back to healthy.
+    pub recover_after_successes: u32,
+    /// Consecutive successes in half-open that make the upstream healthy again.
+    pub half_open_successes: u32,
+    pub cooldown_base: Duration,
+    pub cooldown_max: Duration,
+    /// ± share of a cool-down added at random.
+    pub cooldown_jitter: f64,
+    /// A healthy stretch this long resets the cool-down doubling.
+    pub cooldown_reset_after: Duration,
+    /// Quarantines at the longest cool-down before the upstream is declared dead.
+    pub dead_after_cycles: u32,
+    pub max_quarantined_percent: u32,
+    pub min_in_service: usize,
+    /// Share of the pool's upstreams that must be failing on a target for a target incident.
+    pub target_incident_ratio: f64,
+    pub target_incident_min_upstreams: usize,
+    /// How recent an outcome must be to count towards an incident.
+    pub incident_window: Duration,
+    /// Share of active upstreams failing at once that makes a global (local network) incident.
+    pub global_incident_ratio: f64,
+    /// Targets tracked per pool; the least recently seen are forgotten first.
+    pub max_targets: usize,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            window: 20,
+            min_samples: 10,
+            degrade_after_failures: 2,
+            quarantine_after_failures: 3,
+            degrade_below_success: 0.8,
+            quarantine_below_success: 0.5,
+            ban_quarantine_ratio: 0.3,
+            ban_min_samples: 5,
+            recover_after_successes: 5,
+            half_open_successes: 5,
+            cooldown_base: Duration::from_secs(30),
+            cooldown_max: Duration::from_secs(30 * 60),
+            cooldown_jitter: 0.2,
+            cooldown_reset_after: Duration::from_secs(10 * 60),
+            dead_after_cycles: 3,
+            max_quarantined_percent: 30,
+            min_in_service: 1,
+            target_incident_ratio: 0.75,
+            target_incident_min_upstreams: 3,
+            incident_window: Duration::from_secs(60),
+            global_incident_ratio: 0.8,
+            max_targets: 1000,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
     LeastUsed,
     LeastConnections,
     RoundRobin,
+    /// Least-used where each upstream's share follows its success ratio and latency.
+    Weighted,
 }
 
 impl Strategy {
@@ -191,6 +351,7 @@ impl Strategy {
             Strategy::LeastUsed => "least-used",
             Strategy::LeastConnections => "least-connections",
             Strategy::RoundRobin => "round-robin",
+            Strategy::Weighted => "weighted",
         }
     }
 }
@@ -209,6 +370,7 @@ pub struct PoolConfig {
     pub retries: u32,
     /// Whether a session whose upstream is unavailable moves to another one instead of failing.
     pub rebind_on_failure: bool,
+    pub health: HealthConfig,
 }
 
 /// Every problem found in a config file, each naming its key.
@@ -338,6 +500,7 @@ impl Validator {
         let server = self.server(f.server);
         let store = self.store(&f.store);
         let policy = self.policy(&f.policy);
+        let captcha = self.captcha(f.captcha);
         let upstream_tls = UpstreamTlsConfig {
             ca_file: f.upstream_tls.ca_file.as_deref().map(|p| self.path(p)),
             system_roots: f.upstream_tls.system_roots.unwrap_or(true),
@@ -392,6 +555,7 @@ impl Validator {
             store,
             policy,
             upstream_tls,
+            captcha,
             pools,
             default_pool,
         })
@@ -613,7 +777,201 @@ impl Validator {
             lease_ttl,
             retries,
             rebind_on_failure: p.rebind_on_failure.unwrap_or(false),
+            health: self.health(&format!("pools.{name}.health"), p.health),
         })
+    }
+
+    fn ratio(&mut self, key: &str, value: Option<f64>, default: f64) -> f64 {
+        match value {
+            None => default,
+            Some(v) if (0.0..=1.0).contains(&v) => v,
+            Some(v) => {
+                self.problem(key, format!("{v} is not a ratio between 0 and 1"));
+                default
+            }
+        }
+    }
+
+    fn positive<T: PartialOrd + Default + Copy + fmt::Display>(
+        &mut self,
+        key: &str,
+        value: Option<T>,
+        default: T,
+    ) -> T {
+        match value {
+            Some(v) if v <= T::default() => {
+                self.problem(key, "must be greater than zero");
+                default
+            }
+            Some(v) => v,
+            None => default,
+        }
+    }
+
+    fn health(&mut self, prefix: &str, h: FileHealth) -> HealthConfig {
+        let d = HealthConfig::default();
+        let k = |name: &str| format!("{prefix}.{name}");
+        let c = HealthConfig {
+            window: self.positive(&k("window"), h.window, d.window),
+            min_samples: self.positive(&k("min_samples"), h.min_samples, d.min_samples),
+            degrade_after_failures: self.positive(
+                &k("degrade_after_failures"),
+                h.degrade_after_failures,
+                d.degrade_after_failures,
+            ),
+            quarantine_after_failures: self.positive(
+                &k("quarantine_after_failures"),
+                h.quarantine_after_failures,
+                d.quarantine_after_failures,
+            ),
+            degrade_below_success: self.ratio(
+                &k("degrade_below_success"),
+                h.degrade_below_success,
+                d.degrade_below_success,
+            ),
+            quarantine_below_success: self.ratio(
+                &k("quarantine_below_success"),
+                h.quarantine_below_success,
+                d.quarantine_below_success,
+            ),
+            ban_quarantine_ratio: self.ratio(
+                &k("ban_quarantine_ratio"),
+                h.ban_quarantine_ratio,
+                d.ban_quarantine_ratio,
+            ),
+            ban_min_samples: self.positive(
+                &k("ban_min_samples"),
+                h.ban_min_samples,
+                d.ban_min_samples,
+            ),
+            recover_after_successes: self.positive(
+                &k("recover_after_successes"),
+                h.recover_after_successes,
+                d.recover_after_successes,
+            ),
+            half_open_successes: self.positive(
+                &k("half_open_successes"),
+                h.half_open_successes,
+                d.half_open_successes,
+            ),
+            cooldown_base: self.duration(
+                &k("cooldown_base"),
+                h.cooldown_base.as_deref(),
+                d.cooldown_base.as_millis() as u64,
+            ),
+            cooldown_max: self.duration(
+                &k("cooldown_max"),
+                h.cooldown_max.as_deref(),
+                d.cooldown_max.as_millis() as u64,
+            ),
+            cooldown_jitter: self.ratio(
+                &k("cooldown_jitter"),
+                h.cooldown_jitter,
+                d.cooldown_jitter,
+            ),
+            cooldown_reset_after: self.duration(
+                &k("cooldown_reset_after"),
+                h.cooldown_reset_after.as_deref(),
+                d.cooldown_reset_after.as_millis() as u64,
+            ),
+            dead_after_cycles: h.dead_after_cycles.unwrap_or(d.dead_after_cycles),
+            max_quarantined_percent: h
+                .max_quarantined_percent
+                .unwrap_or(d.max_quarantined_percent),
+            min_in_service: h.min_in_service.unwrap_or(d.min_in_service),
+            target_incident_ratio: self.ratio(
+                &k("target_incident_ratio"),
+                h.target_incident_ratio,
+                d.target_incident_ratio,
+            ),
+            target_incident_min_upstreams: self.positive(
+                &k("target_incident_min_upstreams"),
+                h.target_incident_min_upstreams,
+                d.target_incident_min_upstreams,
+            ),
+            incident_window: self.duration(
+                &k("incident_window"),
+                h.incident_window.as_deref(),
+                d.incident_window.as_millis() as u64,
+            ),
+            global_incident_ratio: self.ratio(
+                &k("global_incident_ratio"),
+                h.global_incident_ratio,
+                d.global_incident_ratio,
+            ),
+            max_targets: self.positive(&k("max_targets"), h.max_targets, d.max_targets),
+        };
+        if c.max_quarantined_percent > 100 {
+            self.problem(&k("max_quarantined_percent"), "must be between 0 and 100");
+        }
+        if c.cooldown_max < c.cooldown_base {
+            self.problem(&k("cooldown_max"), "must be at least cooldown_base");
+        }
+        if c.quarantine_after_failures < c.degrade_after_failures {
+            self.problem(
+                &k("quarantine_after_failures"),
+                "must be at least degrade_after_failures",
+            );
+        }
+        if c.quarantine_below_success > c.degrade_below_success {
+            self.problem(
+                &k("quarantine_below_success"),
+                "must not exceed degrade_below_success",
+            );
+        }
+        if c.min_samples > c.window || c.ban_min_samples > c.window {
+            self.problem(
+                &k("min_samples"),
+                "min_samples and ban_min_samples must not exceed window",
+            );
+        }
+        c
+    }
+
+    fn captcha(&mut self, f: FileCaptcha) -> CaptchaConfig {
+        let d = CaptchaConfig::default();
+        let sniff_bytes = f.sniff_bytes.unwrap_or(d.sniff_bytes);
+        if sniff_bytes > MAX_SNIFF_BYTES {
+            self.problem(
+                "captcha.sniff_bytes",
+                format!("must be at most {MAX_SNIFF_BYTES}"),
+            );
+        }
+        let mut markers: Vec<String> = f.markers.unwrap_or(d.markers);
+        markers.extend(f.extra_markers.unwrap_or_default());
+        if markers.iter().any(|m| m.trim().is_empty()) {
+            self.problem("captcha.markers", "markers must not be empty strings");
+        }
+        let challenge_headers = match f.challenge_headers {
+            None => d.challenge_headers,
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| {
+                    let parsed = h.split_once(':').and_then(|(n, v)| {
+                        Some((
+                            http::HeaderName::from_bytes(n.trim().as_bytes()).ok()?,
+                            v.trim().to_string(),
+                        ))
+                    });
+                    if parsed.is_none() {
+                        self.problem(
+                            &format!("captcha.challenge_headers[{i}]"),
+                            "expected \"name: value\"",
+                        );
+                    }
+                    parsed
+                })
+                .collect(),
+        };
+        CaptchaConfig {
+            sniff_bytes,
+            markers: markers
+                .into_iter()
+                .map(|m| m.to_ascii_lowercase())
+                .collect(),
+            challenge_headers,
+        }
     }
 }
 

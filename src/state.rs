@@ -7,6 +7,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::health;
+use crate::health::classify::CaptchaRules;
 use crate::pool::PoolSet;
 use crate::store::AnyStore;
 use crate::upstream::connect::Connector;
@@ -17,6 +19,10 @@ pub struct Gateway {
     /// Read once per request without a lock; replaced whole on reload.
     pub pools: ArcSwap<PoolSet>,
     pub store: Arc<AnyStore>,
+    /// Every pool's passive health.
+    pub health: health::Registry,
+    /// Captcha and block detection for responses.
+    pub captcha: CaptchaRules,
     pub connector: Connector,
     /// Keep-alive connections to upstreams, reused across requests.
     pub conns: Arc<ConnPool>,

@@ -52,9 +52,10 @@ async fn refusing_upstream_is_skipped_by_retry_for_plain_and_tunnel_traffic() {
     }
     let dead_status = gw.upstream_status("default", &dead).await;
     assert!(
-        dead_status["outcomes"]["connect_error"].as_u64().unwrap() >= 10,
+        dead_status["outcomes"]["connect_error"].as_u64().unwrap() >= 3,
         "{dead_status}"
     );
+    assert_eq!(dead_status["state"], "quarantined", "{dead_status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,11 +3,10 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
+use common::gateway::GatewayProcess;
 use common::{Origin, OriginBehaviour};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_poolgate");
 
@@ -101,43 +100,14 @@ queue_timeout = "later"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_20_in_flight_requests_finish_then_exits_zero() {
     let origin = Origin::start(OriginBehaviour::echo()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        &dir,
-        &format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"20s\"\n\
-             [policy]\nallow_private_targets = true\n\
-             [pools.default]\nupstreams = [\"direct://\"]\n# origin on {}\n",
-            origin.port()
-        ),
-    );
-    let mut child = tokio::process::Command::new(BIN)
-        .arg("--config")
-        .arg(&path)
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    // The proxy address is in the first log line: `poolgate listening proxy=127.0.0.1:PORT ...`.
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let proxy = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("proxy=").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
-            }
-        }
-        panic!("the gateway exited before listening");
-    })
-    .await
-    .expect("the gateway logs its address");
-    let log_tail = tokio::spawn(async move {
-        let mut all = Vec::new();
-        while let Ok(Some(line)) = lines.next_line().await {
-            all.push(line);
-        }
-        all
-    });
-
+    let gw = GatewayProcess::spawn(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"20s\"\n\
+         [policy]\nallow_private_targets = true\n\
+         [pools.default]\nupstreams = [\"direct://\"]\n# origin on {}\n",
+        origin.port()
+    ))
+    .await;
+    let proxy = gw.proxy.clone();
     let client = reqwest::Client::builder()
         .proxy(reqwest::Proxy::all(format!("http://{proxy}")).unwrap())
         .timeout(Duration::from_secs(20))
@@ -158,12 +128,7 @@ async fn sigterm_lets_20_in_flight_requests_finish_then_exits_zero() {
         common::wait_until(|| origin.in_flight() == 20, Duration::from_secs(10)).await,
         "20 requests in flight"
     );
-    let pid = child.id().unwrap().to_string();
-    let kill = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    gw.signal("TERM");
 
     let mut ok = 0;
     while let Some(r) = requests.join_next().await {
@@ -171,12 +136,13 @@ async fn sigterm_lets_20_in_flight_requests_finish_then_exits_zero() {
         ok += 1;
     }
     assert_eq!(ok, 20);
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+    let mut gw = gw;
+    let status = tokio::time::timeout(Duration::from_secs(20), gw.child.wait())
         .await
         .unwrap()
         .unwrap();
     assert_eq!(status.code(), Some(0));
-    let log = log_tail.await.unwrap().join("\n");
+    let log = gw.log.await.unwrap().join("\n");
     assert!(
         log.contains("SIGTERM") && log.contains("shutdown complete"),
         "{log}"

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::health::engine::{MatrixRow, TargetIncident, UpstreamHealthView};
 use crate::state::Gateway;
 use crate::store::{MemberStatus, Store};
 
@@ -31,14 +32,34 @@ pub struct PoolView {
     pub upstreams_total: usize,
     pub sessions_live: u64,
     pub leases_live: u64,
+    pub counts_by_state: std::collections::BTreeMap<&'static str, usize>,
+    pub quarantine_cap: QuarantineCap,
+    pub incidents: Incidents,
     pub upstreams: Vec<UpstreamView>,
+    /// Success and captcha rates per (target × upstream), for the busiest targets.
+    pub matrix: Vec<MatrixRow>,
+}
+
+#[derive(Serialize)]
+pub struct QuarantineCap {
+    pub limit: usize,
+    pub used: usize,
+}
+
+#[derive(Serialize)]
+pub struct Incidents {
+    /// Most upstreams fail at once: nothing is quarantined while this holds.
+    pub global: bool,
+    /// Targets failing on most upstreams: their failures do not count against upstreams.
+    pub targets: Vec<TargetIncident>,
 }
 
 #[derive(Serialize)]
 pub struct UpstreamView {
     pub id: String,
     pub scheme: &'static str,
-    pub state: &'static str,
+    #[serde(flatten)]
+    pub health: Option<UpstreamHealthView>,
     #[serde(flatten)]
     pub stats: MemberStatus,
 }
@@ -56,6 +77,7 @@ pub async fn collect(gw: &Gateway) -> Status {
                 Default::default()
             }
         };
+        let mut hv = pool.health.view();
         let upstreams: Vec<UpstreamView> = st
             .members
             .into_iter()
@@ -66,7 +88,9 @@ pub async fn collect(gw: &Gateway) -> Status {
                 UpstreamView {
                     id: m.id.clone(),
                     scheme,
-                    state: "healthy",
+                    health: hv
+                        .upstreams
+                        .remove(&crate::upstream::UpstreamId::new(m.id.as_str())),
                     stats: m,
                 }
             })
@@ -79,7 +103,17 @@ pub async fn collect(gw: &Gateway) -> Status {
             upstreams_total: pool.config.upstreams.len(),
             sessions_live: st.sessions_live,
             leases_live: upstreams.iter().map(|u| u.stats.leases_live).sum(),
+            counts_by_state: hv.counts_by_state,
+            quarantine_cap: QuarantineCap {
+                limit: hv.quarantine_cap,
+                used: hv.quarantined,
+            },
+            incidents: Incidents {
+                global: hv.global_incident,
+                targets: hv.target_incidents,
+            },
             upstreams,
+            matrix: hv.matrix,
         });
     }
     Status {

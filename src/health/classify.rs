@@ -1,6 +1,11 @@
 //! The outcome of one exchange through an upstream, as recorded at lease release.
 
 use std::fmt;
+use std::sync::Arc;
+
+use aho_corasick::AhoCorasick;
+
+use crate::config::CaptchaConfig;
 
 /// What happened to one request or tunnel. Only proxy faults and bans move an upstream's health;
 /// `OriginError` is the target's fault and moves nothing.
@@ -84,20 +89,131 @@ impl fmt::Display for Outcome {
     }
 }
 
-/// First cut of response classification from the status line and headers alone (body sniffing
-/// comes with the health engine).
-pub fn classify_response(status: http::StatusCode, headers: &http::HeaderMap) -> Outcome {
-    let challenge = headers
-        .get("cf-mitigated")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"challenge"));
-    match status.as_u16() {
-        _ if challenge => Outcome::Captcha,
-        407 => Outcome::UpstreamError,
-        403 | 429 => Outcome::Blocked,
-        // A proxy that failed says so with Proxy-Status (RFC 9209); an origin 5xx does not.
-        500..=599 if headers.contains_key("proxy-status") => Outcome::UpstreamError,
-        500..=599 => Outcome::OriginError,
-        _ => Outcome::Ok,
+/// Response classification: status and headers at the head, body markers while it streams.
+///
+/// Built once from the config; cheap to share. Markers are matched case-insensitively with one
+/// Aho-Corasick automaton over the first `sniff_bytes` of bodies that can hold a challenge page
+/// (HTML or text, not compressed), so no response is buffered and the first byte is never held
+/// back.
+#[derive(Debug)]
+pub struct CaptchaRules {
+    markers: Option<Arc<AhoCorasick>>,
+    longest_marker: usize,
+    sniff_bytes: usize,
+    challenge_headers: Vec<(http::HeaderName, String)>,
+}
+
+impl CaptchaRules {
+    pub fn new(cfg: &CaptchaConfig) -> Self {
+        let markers = AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(&cfg.markers)
+            .ok()
+            .filter(|_| !cfg.markers.is_empty())
+            .map(Arc::new);
+        CaptchaRules {
+            markers,
+            longest_marker: cfg.markers.iter().map(String::len).max().unwrap_or(0),
+            sniff_bytes: cfg.sniff_bytes,
+            challenge_headers: cfg.challenge_headers.clone(),
+        }
+    }
+
+    /// The outcome the head alone gives, and a sniffer when the body should be inspected too.
+    pub fn classify_head(
+        &self,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+    ) -> (Outcome, Option<Sniffer>) {
+        let challenge = self.challenge_headers.iter().any(|(name, want)| {
+            headers
+                .get_all(name)
+                .iter()
+                .any(|v| v.as_bytes().eq_ignore_ascii_case(want.as_bytes()))
+        });
+        let outcome = match status.as_u16() {
+            _ if challenge => Outcome::Captcha,
+            407 => Outcome::UpstreamError,
+            403 | 429 => Outcome::Blocked,
+            // A proxy that failed says so with Proxy-Status (RFC 9209); an origin 5xx does not.
+            500..=599 if headers.contains_key("proxy-status") => Outcome::UpstreamError,
+            500..=599 => Outcome::OriginError,
+            _ => Outcome::Ok,
+        };
+        let sniff = matches!(
+            outcome,
+            Outcome::Ok | Outcome::Blocked | Outcome::OriginError
+        ) && self.sniff_bytes > 0
+            && sniffable(headers);
+        let sniffer = match (&self.markers, sniff) {
+            (Some(ac), true) => Some(Sniffer {
+                ac: ac.clone(),
+                remaining: self.sniff_bytes,
+                seam: Vec::new(),
+                keep: self.longest_marker.saturating_sub(1),
+                found: false,
+            }),
+            _ => None,
+        };
+        (outcome, sniffer)
+    }
+}
+
+/// Bodies that can hold a challenge page: text or HTML (or untyped), not compressed.
+fn sniffable(headers: &http::HeaderMap) -> bool {
+    let encoded = headers
+        .get(http::header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let textual = headers.get(http::header::CONTENT_TYPE).is_none_or(|v| {
+        let v = v.as_bytes();
+        let t = |p: &[u8]| v.len() >= p.len() && v[..p.len()].eq_ignore_ascii_case(p);
+        t(b"text/") || t(b"application/xhtml") || t(b"application/json")
+    });
+    !encoded && textual
+}
+
+/// Looks for challenge markers in a body's first bytes as they stream past.
+pub struct Sniffer {
+    ac: Arc<AhoCorasick>,
+    remaining: usize,
+    /// The end of the previous chunk, so a marker split across chunks is still found.
+    seam: Vec<u8>,
+    keep: usize,
+    found: bool,
+}
+
+impl Sniffer {
+    /// Inspects the next chunk; true once a marker was seen.
+    pub fn feed(&mut self, chunk: &[u8]) -> bool {
+        if self.found || self.remaining == 0 {
+            return self.found;
+        }
+        let chunk = &chunk[..chunk.len().min(self.remaining)];
+        self.remaining -= chunk.len();
+        // The seam: the end of what came before plus the start of this chunk.
+        let mut window = std::mem::take(&mut self.seam);
+        window.extend_from_slice(&chunk[..chunk.len().min(self.keep)]);
+        if self.ac.is_match(&window[..]) || self.ac.is_match(chunk) {
+            self.found = true;
+            return true;
+        }
+        // Keep the last `keep` bytes seen for the next seam.
+        self.seam = if chunk.len() >= self.keep {
+            chunk[chunk.len() - self.keep..].to_vec()
+        } else {
+            // `window` is the old seam followed by the whole (short) chunk.
+            window[window.len().saturating_sub(self.keep)..].to_vec()
+        };
+        false
+    }
+
+    pub fn found(&self) -> bool {
+        self.found
+    }
+
+    /// Whether the sniffer still wants bytes.
+    pub fn done(&self) -> bool {
+        self.found || self.remaining == 0
     }
 }
 
@@ -106,36 +222,75 @@ mod tests {
     use super::*;
     use http::{HeaderMap, HeaderValue, StatusCode};
 
+    fn rules() -> CaptchaRules {
+        CaptchaRules::new(&CaptchaConfig::default())
+    }
+
+    fn head(status: StatusCode, headers: &[(&'static str, &'static str)]) -> (Outcome, bool) {
+        let mut h = HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        let r = rules();
+        let (o, s) = r.classify_head(status, &h);
+        (o, s.is_some())
+    }
+
     #[test]
     fn classifies_status_and_challenge_header() {
-        let none = HeaderMap::new();
-        assert_eq!(classify_response(StatusCode::OK, &none), Outcome::Ok);
+        assert_eq!(head(StatusCode::OK, &[]), (Outcome::Ok, true));
         assert_eq!(
-            classify_response(StatusCode::PROXY_AUTHENTICATION_REQUIRED, &none),
+            head(StatusCode::PROXY_AUTHENTICATION_REQUIRED, &[]).0,
+            Outcome::UpstreamError
+        );
+        assert_eq!(head(StatusCode::TOO_MANY_REQUESTS, &[]).0, Outcome::Blocked);
+        assert_eq!(head(StatusCode::BAD_GATEWAY, &[]).0, Outcome::OriginError);
+        assert_eq!(
+            head(
+                StatusCode::BAD_GATEWAY,
+                &[("proxy-status", "squid; error=connection_refused")]
+            )
+            .0,
             Outcome::UpstreamError
         );
         assert_eq!(
-            classify_response(StatusCode::TOO_MANY_REQUESTS, &none),
-            Outcome::Blocked
+            head(StatusCode::FORBIDDEN, &[("cf-mitigated", "challenge")]),
+            (Outcome::Captcha, false)
         );
-        assert_eq!(
-            classify_response(StatusCode::BAD_GATEWAY, &none),
-            Outcome::OriginError
+        // Binary and compressed bodies are not sniffed.
+        assert!(!head(StatusCode::OK, &[("content-type", "image/png")]).1);
+        assert!(
+            !head(
+                StatusCode::OK,
+                &[("content-type", "text/html"), ("content-encoding", "gzip")]
+            )
+            .1
         );
-        let mut h = HeaderMap::new();
-        h.insert(
-            "proxy-status",
-            HeaderValue::from_static("squid; error=connection_refused"),
+    }
+
+    #[test]
+    fn sniffer_finds_markers_across_chunks_case_insensitively_within_the_limit() {
+        let r = rules();
+        let (_, s) = r.classify_head(StatusCode::OK, &HeaderMap::new());
+        let mut s = s.unwrap();
+        assert!(!s.feed(b"<html><div class=\"G-Re"));
+        assert!(s.feed(b"CAPTCHA\" data-sitekey=x>"));
+
+        let (_, s) = r.classify_head(StatusCode::OK, &HeaderMap::new());
+        let mut s = s.unwrap();
+        for _ in 0..100 {
+            assert!(!s.feed(&[b'a'; 1000]));
+        }
+        assert!(s.done(), "stops after sniff_bytes");
+        assert!(
+            !s.feed(b"g-recaptcha"),
+            "markers past the limit are not looked for"
         );
-        assert_eq!(
-            classify_response(StatusCode::BAD_GATEWAY, &h),
-            Outcome::UpstreamError
-        );
-        let mut h = HeaderMap::new();
-        h.insert("cf-mitigated", HeaderValue::from_static("challenge"));
-        assert_eq!(
-            classify_response(StatusCode::FORBIDDEN, &h),
-            Outcome::Captcha
-        );
+
+        let (_, s) = r.classify_head(StatusCode::OK, &HeaderMap::new());
+        let mut s = s.unwrap();
+        // One byte at a time still works.
+        let page = b"xx Our systems have detected unusual traffic from your computer network";
+        assert!(page.iter().any(|b| s.feed(std::slice::from_ref(b))));
     }
 }

@@ -1,5 +1,53 @@
-//! Health: what an exchange's outcome says about its upstream.
+//! Health: what an exchange's outcome says about its upstream, and what the pool does about it.
+//!
+//! [`classify`] turns a response into an [`Outcome`]; [`blame`] decides whether the upstream is
+//! to blame; [`state`] is each upstream's state machine; [`engine`] ties them together per pool and
+//! answers with allocator changes for the store.
 
+pub mod blame;
 pub mod classify;
+pub mod engine;
+pub mod state;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 pub use classify::Outcome;
+pub use engine::{Change, PoolHealth};
+
+use crate::config::PoolConfig;
+use crate::store::Store;
+
+/// Every pool's health, kept across config reloads (a pool's engine is reconfigured, not rebuilt).
+#[derive(Default)]
+pub struct Registry {
+    pools: RwLock<HashMap<String, Arc<PoolHealth>>>,
+}
+
+impl Registry {
+    pub fn pool(&self, cfg: &PoolConfig) -> Arc<PoolHealth> {
+        let members: Vec<_> = cfg.upstreams.iter().map(|u| u.id.clone()).collect();
+        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = pools.get(&cfg.name) {
+            h.reconfigure(cfg.health.clone(), cfg.strategy, &members);
+            return h.clone();
+        }
+        let h = Arc::new(PoolHealth::new(
+            &cfg.name,
+            cfg.health.clone(),
+            cfg.strategy,
+            &members,
+        ));
+        pools.insert(cfg.name.clone(), h.clone());
+        h
+    }
+}
+
+/// Hands health's decisions to the store.
+pub async fn apply<S: Store>(store: &S, pool: &str, changes: Vec<Change>) {
+    for c in changes {
+        if let Err(e) = store.set_member(pool, &c.upstream, c.member).await {
+            tracing::warn!(pool, upstream = %c.upstream, error = %e, "could not apply a health decision to the store");
+        }
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! Releasing is never forgotten: a lease dropped without [`Lease::finish`] (the client went away
 //! mid-response) is released as `cancelled`. Release runs on the task tracker, off the response
-//! path, and shutdown waits for it.
+//! path, and shutdown waits for it. The outcome goes to the store and to the pool's health engine,
+//! whose decisions are applied to the store in the same task.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::health::Outcome;
+use crate::health::{self, Outcome};
 use crate::pool::Pool;
 use crate::store::{AnyStore, Grant, Store};
 use crate::upstream::Upstream;
@@ -25,6 +26,7 @@ struct Held {
     pool: Arc<Pool>,
     grant: Grant,
     upstream: Arc<Upstream>,
+    target_host: Arc<str>,
     acquired_at: Instant,
     /// Time to the response head (or to the tunnel's establishment); set once.
     latency: Option<Duration>,
@@ -37,6 +39,7 @@ impl Lease {
         pool: Arc<Pool>,
         grant: Grant,
         upstream: Arc<Upstream>,
+        target_host: Arc<str>,
     ) -> Self {
         Lease {
             inner: Some(Held {
@@ -45,6 +48,7 @@ impl Lease {
                 pool,
                 grant,
                 upstream,
+                target_host,
                 acquired_at: Instant::now(),
                 latency: None,
             }),
@@ -115,6 +119,11 @@ impl Lease {
             {
                 tracing::warn!(upstream = %h.grant.upstream, error = %e, "lease release failed");
             }
+            let changes =
+                h.pool
+                    .health
+                    .observe(&h.grant.upstream, &h.target_host, outcome, latency);
+            health::apply(&*h.store, h.pool.name(), changes).await;
         });
     }
 }

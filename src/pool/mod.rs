@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, PoolConfig};
 use crate::error::ProxyError;
+use crate::health::{self, PoolHealth};
 use crate::store::PoolSpec;
 use crate::upstream::{Upstream, UpstreamId};
 
@@ -22,10 +23,12 @@ pub struct Pool {
     upstreams: HashMap<UpstreamId, Arc<Upstream>>,
     /// Sticky placement over the pool's members.
     pub placement: Rendezvous,
+    /// Passive health of the members; outlives reloads.
+    pub health: Arc<PoolHealth>,
 }
 
 impl Pool {
-    pub fn new(config: PoolConfig) -> Self {
+    pub fn new(config: PoolConfig, health: Arc<PoolHealth>) -> Self {
         let ids: Vec<UpstreamId> = config.upstreams.iter().map(|u| u.id.clone()).collect();
         Pool {
             upstreams: config
@@ -34,6 +37,7 @@ impl Pool {
                 .map(|u| (u.id.clone(), Arc::new(u.clone())))
                 .collect(),
             placement: Rendezvous::new(&ids),
+            health,
             config,
         }
     }
@@ -66,12 +70,17 @@ pub struct PoolSet {
 }
 
 impl PoolSet {
-    pub fn from_config(config: &Config) -> Self {
+    pub fn from_config(config: &Config, health: &health::Registry) -> Self {
         PoolSet {
             pools: config
                 .pools
                 .values()
-                .map(|p| (p.name.clone(), Arc::new(Pool::new(p.clone()))))
+                .map(|p| {
+                    (
+                        p.name.clone(),
+                        Arc::new(Pool::new(p.clone(), health.pool(p))),
+                    )
+                })
                 .collect(),
             default: config.default_pool.clone(),
         }

@@ -22,6 +22,8 @@ const PREFERRED_CANDIDATES: usize = 4;
 pub struct Route {
     pub pool: Arc<Pool>,
     pub session: Option<SessionPlan>,
+    /// The target host, for per-target health.
+    pub target_host: Arc<str>,
 }
 
 pub struct SessionPlan {
@@ -83,6 +85,7 @@ pub async fn acquire(
                     pool.clone(),
                     grant,
                     upstream,
+                    route.target_host.clone(),
                 ));
             }
             Acquired::AtCapacity => {}

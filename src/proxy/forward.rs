@@ -16,7 +16,6 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
 use crate::error::ProxyError;
-use crate::health::classify;
 use crate::proxy::observe::Observed;
 use crate::proxy::{self, Body, headers};
 use crate::state::Gateway;
@@ -85,11 +84,11 @@ pub async fn handle(
     lease.mark_latency();
 
     let (mut parts, body) = resp.into_parts();
-    let outcome = classify::classify_response(parts.status, &parts.headers);
+    let (outcome, sniffer) = gw.captcha.classify_head(parts.status, &parts.headers);
     headers::clean_response(&mut parts.headers);
     let session = route.session.as_ref().map(|s| s.key.as_str());
     headers::annotate_response(&mut parts.headers, upstream.id.as_str(), session);
-    let body = Observed::new(body, lease, outcome).boxed();
+    let body = Observed::new(body, lease, outcome, sniffer).boxed();
     Ok(Response::from_parts(parts, body))
 }
 

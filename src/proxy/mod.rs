@@ -87,7 +87,11 @@ pub fn route(
         }),
         (None, false) => None,
     };
-    Ok(Route { pool, session })
+    Ok(Route {
+        pool,
+        session,
+        target_host: Arc::from(target.host.as_str()),
+    })
 }
 
 /// Leases an upstream and connects through it, trying further upstreams when connecting fails

@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
 use crate::health::Outcome;
+use crate::health::classify::Sniffer;
 use crate::pool::Lease;
 
 pin_project! {
@@ -21,12 +22,14 @@ pin_project! {
         inner: Incoming,
         lease: Option<Lease>,
         outcome: Outcome,
+        sniffer: Option<Sniffer>,
     }
 }
 
 impl Observed {
-    /// Wraps `inner`; `outcome` is what the exchange counts as if the body completes.
-    pub fn new(inner: Incoming, lease: Lease, outcome: Outcome) -> Self {
+    /// Wraps `inner`; `outcome` is what the exchange counts as if the body completes, unless the
+    /// `sniffer` finds a challenge page in it.
+    pub fn new(inner: Incoming, lease: Lease, outcome: Outcome, sniffer: Option<Sniffer>) -> Self {
         let mut lease = Some(lease);
         if inner.is_end_stream() {
             // No body (HEAD, 204, 304): hyper may never poll it, so the exchange is over now.
@@ -38,6 +41,7 @@ impl Observed {
             inner,
             lease,
             outcome,
+            sniffer,
         }
     }
 }
@@ -52,6 +56,13 @@ impl Body for Observed {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let mut this = self.project();
         let polled = this.inner.as_mut().poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(frame))), Some(sniffer)) = (&polled, this.sniffer.as_mut()) {
+            if let Some(data) = frame.data_ref() {
+                if sniffer.feed(data) {
+                    *this.outcome = Outcome::Captcha;
+                }
+            }
+        }
         let end = match &polled {
             Poll::Ready(None) => Some(*this.outcome),
             Poll::Ready(Some(Err(_))) => Some(Outcome::Reset),

@@ -12,7 +12,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{
-    Acquired, Grant, LeaseId, MemberStatus, PoolSpec, PoolStatus, Store, StoreError, Want,
+    Acquired, Grant, LeaseId, MemberState, MemberStatus, PoolSpec, PoolStatus, Store, StoreError,
+    Want,
 };
 use crate::config::Strategy;
 use crate::health::Outcome;
@@ -43,10 +44,12 @@ struct PoolState {
     last_sweep: Instant,
 }
 
-#[derive(Default)]
 struct Member {
-    /// Cumulative allocations (not in-flight work).
+    /// Cumulative allocation cost (not in-flight work).
     allocs: u64,
+    state: MemberState,
+    /// Round-robin turns passed over, for members of cost > 1.
+    rr_credit: u32,
     /// Live leases and their deadlines.
     leases: HashMap<u64, Instant>,
     /// Still a member; a removed one lingers only until its last lease ends.
@@ -54,6 +57,21 @@ struct Member {
     outcomes: [u64; Outcome::ALL.len()],
     latency_total: Duration,
     latency_count: u64,
+}
+
+impl Default for Member {
+    fn default() -> Self {
+        Member {
+            allocs: 0,
+            state: MemberState::IN_SERVICE,
+            rr_credit: 0,
+            leases: HashMap::new(),
+            in_pool: false,
+            outcomes: [0; Outcome::ALL.len()],
+            latency_total: Duration::ZERO,
+            latency_count: 0,
+        }
+    }
 }
 
 struct Binding {
@@ -77,8 +95,18 @@ impl PoolState {
         }
     }
 
-    fn in_service(&self, id: &UpstreamId) -> bool {
-        self.members.get(id).is_some_and(|m| m.in_pool)
+    /// A member new work may go to.
+    fn eligible(&self, id: &UpstreamId) -> bool {
+        self.members
+            .get(id)
+            .is_some_and(|m| m.in_pool && m.state.eligible)
+    }
+
+    /// A member its existing sessions may keep using.
+    fn keeps_sessions(&self, id: &UpstreamId) -> bool {
+        self.members
+            .get(id)
+            .is_some_and(|m| m.in_pool && m.state.keeps_sessions)
     }
 
     /// Leases `id`, counting the allocation.
@@ -87,11 +115,11 @@ impl PoolState {
         self.next_lease += 1;
         let deadline = now + self.spec.lease_ttl;
         if let Some(m) = self.members.get_mut(id) {
-            if m.in_pool {
-                self.by_allocs.remove(&(m.allocs, id.clone()));
-                self.by_allocs.insert((m.allocs + 1, id.clone()));
+            let cost = u64::from(m.state.cost.max(1));
+            if self.by_allocs.remove(&(m.allocs, id.clone())) {
+                self.by_allocs.insert((m.allocs + cost, id.clone()));
             }
-            m.allocs += 1;
+            m.allocs += cost;
             m.leases.insert(lease, deadline);
         }
         Acquired::Granted(Grant {
@@ -104,7 +132,7 @@ impl PoolState {
     fn acquire_any(&mut self, exclude: &[UpstreamId], now: Instant) -> Acquired {
         let mut saw_candidate = false;
         let pick = match self.spec.strategy {
-            Strategy::LeastUsed => {
+            Strategy::LeastUsed | Strategy::Weighted => {
                 let cap = self.spec.max_concurrency;
                 let mut pick = None;
                 for (_, id) in &self.by_allocs {
@@ -152,15 +180,24 @@ impl PoolState {
                 for step in 0..n {
                     let idx = (self.rr_next + step) % n;
                     let id = self.spec.members[idx].clone();
-                    if exclude.contains(&id) {
+                    if exclude.contains(&id) || !self.eligible(&id) {
                         continue;
                     }
                     saw_candidate = true;
-                    if !self.at_cap(&id, now) {
-                        self.rr_next = (idx + 1) % n;
-                        pick = Some(id);
-                        break;
+                    if self.at_cap(&id, now) {
+                        continue;
                     }
+                    // A member of cost c takes one turn in c.
+                    if let Some(m) = self.members.get_mut(&id) {
+                        if m.rr_credit + 1 < m.state.cost {
+                            m.rr_credit += 1;
+                            continue;
+                        }
+                        m.rr_credit = 0;
+                    }
+                    self.rr_next = (idx + 1) % n;
+                    pick = Some(id);
+                    break;
                 }
                 pick
             }
@@ -187,7 +224,7 @@ impl PoolState {
             .filter(|b| b.expires > now)
             .map(|b| b.upstream.clone());
         if let Some(up) = bound {
-            if self.in_service(&up) {
+            if self.keeps_sessions(&up) {
                 if self.at_cap(&up, now) {
                     return Acquired::AtCapacity;
                 }
@@ -201,7 +238,7 @@ impl PoolState {
             }
             self.sessions.remove(key);
         }
-        let Some(first) = preferred.iter().find(|id| self.in_service(id)).cloned() else {
+        let Some(first) = preferred.iter().find(|id| self.eligible(id)).cloned() else {
             return Acquired::NoCandidates;
         };
         if self.at_cap(&first, now) {
@@ -215,6 +252,28 @@ impl PoolState {
             },
         );
         self.grant(&first, now, true)
+    }
+
+    fn set_member(&mut self, id: &UpstreamId, state: MemberState) {
+        let floor = self.by_allocs.first().map_or(0, |(a, _)| *a);
+        let Some(m) = self.members.get_mut(id) else {
+            return;
+        };
+        let was_listed = m.in_pool && m.state.eligible;
+        m.state = state;
+        m.rr_credit = 0;
+        let listed = m.in_pool && m.state.eligible;
+        match (was_listed, listed) {
+            (true, false) => {
+                self.by_allocs.remove(&(m.allocs, id.clone()));
+            }
+            (false, true) => {
+                // A returning member is not flooded: it starts at the current minimum.
+                m.allocs = m.allocs.max(floor);
+                self.by_allocs.insert((m.allocs, id.clone()));
+            }
+            _ => {}
+        }
     }
 
     fn sweep_sessions(&mut self, now: Instant) {
@@ -237,7 +296,9 @@ impl PoolState {
                 ..Member::default()
             });
             m.in_pool = true;
-            self.by_allocs.insert((m.allocs, id.clone()));
+            if m.state.eligible {
+                self.by_allocs.insert((m.allocs, id.clone()));
+            }
         }
         self.members
             .retain(|_, m| m.in_pool || !m.leases.is_empty());
@@ -357,6 +418,19 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn set_member(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        state: MemberState,
+    ) -> Result<(), StoreError> {
+        let entry = self.entry(pool)?;
+        lock(&entry).set_member(upstream, state);
+        // Capacity may have appeared for waiting requests.
+        entry.released.notify_waiters();
+        Ok(())
+    }
+
     async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
         let entry = self.entry(pool)?;
         let mut state = lock(&entry);
@@ -407,7 +481,7 @@ impl Store for MemoryStore {
                     leases_live: live,
                     allocations: m.allocs,
                     outcomes,
-                    success_ratio: (total > 0).then(|| ok as f64 / total as f64),
+                    success_ratio_total: (total > 0).then(|| ok as f64 / total as f64),
                     latency_avg_ms: (m.latency_count > 0)
                         .then(|| m.latency_total.as_secs_f64() * 1000.0 / m.latency_count as f64),
                 })

@@ -30,6 +30,25 @@ pub struct PoolSpec {
     pub lease_ttl: Duration,
 }
 
+/// How the allocator treats a member, as health decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberState {
+    /// A candidate for new allocations: non-sticky requests and new sessions.
+    pub eligible: bool,
+    /// Sessions already bound to it keep it (false only when it is dead): no teleporting.
+    pub keeps_sessions: bool,
+    /// Allocation cost: a member of cost `c` is picked about `1/c` as often as one of cost 1.
+    pub cost: u32,
+}
+
+impl MemberState {
+    pub const IN_SERVICE: MemberState = MemberState {
+        eligible: true,
+        keeps_sessions: true,
+        cost: 1,
+    };
+}
+
 /// What an acquire asks for.
 #[derive(Clone, Copy, Debug)]
 pub enum Want<'a> {
@@ -88,7 +107,8 @@ pub struct MemberStatus {
     pub allocations: u64,
     /// Count of each outcome, keyed by [`Outcome::key`].
     pub outcomes: std::collections::BTreeMap<&'static str, u64>,
-    pub success_ratio: Option<f64>,
+    /// Successes over every recorded outcome since start (the window ratio is health's).
+    pub success_ratio_total: Option<f64>,
     pub latency_avg_ms: Option<f64>,
 }
 
@@ -126,6 +146,15 @@ pub trait Store: Send + Sync + 'static {
         pool: &str,
         upstream: &UpstreamId,
         lease: LeaseId,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Applies a health decision to a member. A member that becomes eligible again starts at
+    /// max(its old allocation count, the pool's current minimum), so it is not flooded.
+    fn set_member(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        state: MemberState,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Deletes a session binding if it still points at `upstream`.
@@ -184,6 +213,17 @@ impl Store for AnyStore {
     ) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.extend(pool, upstream, lease).await,
+        }
+    }
+
+    async fn set_member(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        state: MemberState,
+    ) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.set_member(pool, upstream, state).await,
         }
     }
 

@@ -116,3 +116,85 @@ impl Drop for TestGateway {
         }
     }
 }
+
+/// The `poolgate` binary running as a child process (for signals and per-process memory).
+pub struct GatewayProcess {
+    pub child: tokio::process::Child,
+    pub proxy: String,
+    pub admin: String,
+    /// Every log line after the listening one, collected until the process exits.
+    pub log: tokio::task::JoinHandle<Vec<String>>,
+    _dir: tempfile::TempDir,
+}
+
+impl GatewayProcess {
+    /// Starts the binary on `config` (which should listen on 127.0.0.1:0) and waits for its
+    /// `poolgate listening proxy=… admin=…` line.
+    pub async fn spawn(config: &str) -> GatewayProcess {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_poolgate"))
+            .arg("--config")
+            .arg(&path)
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let field = |line: &str, name: &str| {
+            line.split(&format!("{name}="))
+                .nth(1)
+                .map(|rest| rest.split_whitespace().next().unwrap_or("").to_string())
+        };
+        let (proxy, admin) = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let (Some(p), Some(a)) = (field(&line, "proxy"), field(&line, "admin")) {
+                    return (p, a);
+                }
+            }
+            panic!("the gateway exited before listening");
+        })
+        .await
+        .expect("the gateway logs its addresses");
+        let log = tokio::spawn(async move {
+            let mut all = Vec::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                all.push(line);
+            }
+            all
+        });
+        GatewayProcess {
+            child,
+            proxy,
+            admin,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+
+    /// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+    pub fn memory_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find(|l| l.starts_with(&format!("{field}:")))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    }
+
+    pub fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name}");
+    }
+}

@@ -1,0 +1,531 @@
+//! The health of one pool: every upstream's state machine, the target tracker, and the pool-wide
+//! guards (quarantine cap, minimum in service, global incidents).
+//!
+//! It is fed outcomes at lease release and ticked once a second; it answers with [`Change`]s, the
+//! allocator settings the store must apply. It holds no I/O and no clock of its own beyond
+//! `tokio::time::Instant::now()`, so tests drive it on a paused clock.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::config::{HealthConfig, Strategy};
+use crate::health::Outcome;
+use crate::health::blame::{Cell, TargetChange, Targets};
+use crate::health::state::{Sample, State, Transition, UpstreamHealth};
+use crate::store::MemberState;
+use crate::upstream::UpstreamId;
+
+/// Raw (unblamed) outcomes remembered per upstream for global-incident detection.
+const RAW_WINDOW: usize = 10;
+/// Targets idle this long are forgotten.
+const TARGET_IDLE_EXPIRY: Duration = Duration::from_secs(15 * 60);
+/// Allocation cost of a degraded upstream (half the share), and of one kept in service only by a
+/// pool guard (a quarter).
+const DEGRADED_COST: u32 = 2;
+const HELD_COST: u32 = 4;
+/// A half-open upstream starts at 1/8 of a share and doubles with each success.
+const HALF_OPEN_START_COST: u32 = 8;
+const MAX_WEIGHT_COST: u32 = 8;
+
+/// An allocator setting to apply, with the state transition behind it (when there was one).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub upstream: UpstreamId,
+    pub member: MemberState,
+    pub transition: Option<Transition>,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    machine: UpstreamHealth,
+    raw: VecDeque<bool>,
+    last_active: Option<Instant>,
+    latency_ewma_ms: Option<f64>,
+    /// Cost factor of the `weighted` strategy.
+    weight_cost: u32,
+    /// The member setting last handed to the store.
+    applied: MemberState,
+}
+
+impl Tracked {
+    fn new(now: Instant) -> Self {
+        Tracked {
+            machine: UpstreamHealth::new(now),
+            raw: VecDeque::new(),
+            last_active: None,
+            latency_ewma_ms: None,
+            weight_cost: 1,
+            applied: MemberState::IN_SERVICE,
+        }
+    }
+
+    fn raw_failing(&self) -> bool {
+        self.raw.len() >= 3 && self.raw.iter().filter(|bad| **bad).count() * 2 >= self.raw.len()
+    }
+
+    fn member_state(&self) -> MemberState {
+        let m = &self.machine;
+        let (eligible, keeps_sessions, cost) = match m.state() {
+            State::Healthy => (true, true, 1),
+            State::Degraded if m.held() => (true, true, HELD_COST),
+            State::Degraded => (true, true, DEGRADED_COST),
+            State::HalfOpen => (
+                true,
+                true,
+                (HALF_OPEN_START_COST >> m.half_open_progress()).max(1),
+            ),
+            State::Quarantined => (false, true, 1),
+            State::Dead => (false, false, 1),
+        };
+        MemberState {
+            eligible,
+            keeps_sessions,
+            cost: cost * self.weight_cost,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Engine {
+    cfg: HealthConfig,
+    strategy: Strategy,
+    members: Vec<UpstreamId>,
+    upstreams: HashMap<UpstreamId, Tracked>,
+    targets: Targets,
+    global_incident_since: Option<Instant>,
+}
+
+/// The health of one pool.
+#[derive(Debug)]
+pub struct PoolHealth {
+    name: String,
+    inner: Mutex<Engine>,
+}
+
+/// One upstream as `/status` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct UpstreamHealthView {
+    pub state: &'static str,
+    pub state_since_s: u64,
+    pub state_reason: String,
+    pub success_ratio: Option<f64>,
+    pub captcha_ratio: Option<f64>,
+    pub quarantines_total: u64,
+    pub cooldown_remaining_ms: Option<u64>,
+    pub latency_ewma_ms: Option<f64>,
+    pub allocation_cost: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TargetIncident {
+    pub target: String,
+    pub since_s: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MatrixRow {
+    pub target: String,
+    pub incident: bool,
+    pub cells: Vec<MatrixCell>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MatrixCell {
+    pub upstream: String,
+    #[serde(flatten)]
+    pub counts: Cell,
+    pub success_ratio: f64,
+    pub captcha_ratio: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolHealthView {
+    pub quarantine_cap: usize,
+    pub quarantined: usize,
+    pub counts_by_state: std::collections::BTreeMap<&'static str, usize>,
+    pub global_incident: bool,
+    pub target_incidents: Vec<TargetIncident>,
+    pub targets_tracked: usize,
+    #[serde(skip)]
+    pub upstreams: HashMap<UpstreamId, UpstreamHealthView>,
+    pub matrix: Vec<MatrixRow>,
+}
+
+/// Rows of the upstream × target matrix in `/status`.
+pub const MATRIX_TARGETS: usize = 20;
+
+fn sample_of(outcome: Outcome) -> Option<Sample> {
+    match outcome {
+        Outcome::Ok | Outcome::OriginError => Some(Sample::Success),
+        Outcome::ConnectError | Outcome::Timeout | Outcome::Reset | Outcome::UpstreamError => {
+            Some(Sample::Fault)
+        }
+        Outcome::Captcha | Outcome::Blocked => Some(Sample::Ban),
+        Outcome::Cancelled => None,
+    }
+}
+
+impl PoolHealth {
+    pub fn new(name: &str, cfg: HealthConfig, strategy: Strategy, members: &[UpstreamId]) -> Self {
+        let now = Instant::now();
+        PoolHealth {
+            name: name.to_string(),
+            inner: Mutex::new(Engine {
+                upstreams: members
+                    .iter()
+                    .map(|id| (id.clone(), Tracked::new(now)))
+                    .collect(),
+                members: members.to_vec(),
+                cfg,
+                strategy,
+                targets: Targets::default(),
+                global_incident_since: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Engine> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// New thresholds and membership (config reload); state of kept upstreams is kept.
+    pub fn reconfigure(&self, cfg: HealthConfig, strategy: Strategy, members: &[UpstreamId]) {
+        let now = Instant::now();
+        let mut e = self.lock();
+        e.cfg = cfg;
+        e.strategy = strategy;
+        e.members = members.to_vec();
+        e.upstreams.retain(|id, _| members.contains(id));
+        for id in members {
+            e.upstreams
+                .entry(id.clone())
+                .or_insert_with(|| Tracked::new(now));
+        }
+    }
+
+    /// Records one exchange's outcome and returns what the allocator must change.
+    pub fn observe(
+        &self,
+        upstream: &UpstreamId,
+        target: &str,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Vec<Change> {
+        let Some(sample) = sample_of(outcome) else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        let mut e = self.lock();
+        let e = &mut *e;
+        let cfg = e.cfg.clone();
+        if !e.upstreams.contains_key(upstream) {
+            return Vec::new();
+        }
+
+        let about_target = outcome != Outcome::ConnectError;
+        let members = e.members.len();
+        match e
+            .targets
+            .record(&cfg, target, upstream, sample, about_target, members, now)
+        {
+            Some(TargetChange::IncidentStarted { failing, of }) => tracing::warn!(
+                pool = %self.name, target, failing, of,
+                "target incident: the target fails on most upstreams; its failures no longer count against them"
+            ),
+            Some(TargetChange::IncidentEnded) => {
+                tracing::info!(pool = %self.name, target, "target incident over")
+            }
+            None => {}
+        }
+        if let Some(t) = e.upstreams.get_mut(upstream) {
+            if t.raw.len() == RAW_WINDOW {
+                t.raw.pop_front();
+            }
+            t.raw.push_back(sample != Sample::Success);
+            t.last_active = Some(now);
+            if sample == Sample::Success {
+                let ms = latency.as_secs_f64() * 1000.0;
+                t.latency_ewma_ms = Some(t.latency_ewma_ms.map_or(ms, |old| old * 0.8 + ms * 0.2));
+            }
+        }
+
+        // Blame: a target incident or a global incident is nobody's fault.
+        let blamed = match sample {
+            Sample::Success => true,
+            _ => !e.targets.in_incident(target) && e.global_incident_since.is_none(),
+        };
+        let mut changes = Vec::new();
+        if blamed {
+            let jitter = rand::random::<f64>() * 2.0 - 1.0;
+            let guard = Self::guard(e, upstream);
+            let guard = guard.as_ref().map(|_| ()).map_err(String::as_str);
+            let transition = e
+                .upstreams
+                .get_mut(upstream)
+                .and_then(|t| t.machine.observe(sample, &cfg, now, jitter, guard));
+            if let Some(t) = &transition {
+                self.log(upstream, t);
+            }
+            if let Some(c) = self.change_for(e, upstream, transition) {
+                changes.push(c);
+            }
+        }
+        if e.strategy == Strategy::Weighted {
+            changes.extend(self.reweigh(e, upstream));
+        }
+        changes
+    }
+
+    /// Whether `upstream` may leave service now: the quarantine cap and `min_in_service`.
+    fn guard(e: &Engine, upstream: &UpstreamId) -> Result<(), String> {
+        let n = e.members.len();
+        let out = e
+            .upstreams
+            .iter()
+            .filter(|(id, u)| {
+                *id != upstream && matches!(u.machine.state(), State::Quarantined | State::Dead)
+            })
+            .count();
+        let cap = Self::cap(&e.cfg, n);
+        if out + 1 > cap {
+            return Err(format!(
+                "quarantine cap reached ({out} of {n} out, cap {cap})"
+            ));
+        }
+        if n.saturating_sub(out + 1) < e.cfg.min_in_service {
+            return Err(format!("min_in_service is {}", e.cfg.min_in_service));
+        }
+        Ok(())
+    }
+
+    /// How many members may be out at once: the percentage of the pool, rounded down, but at
+    /// least one when the percentage is not zero (a pool of two can still drop a dead member;
+    /// `min_in_service` keeps the last one).
+    fn cap(cfg: &HealthConfig, members: usize) -> usize {
+        let cap = members * cfg.max_quarantined_percent as usize / 100;
+        if cfg.max_quarantined_percent > 0 {
+            cap.max(1)
+        } else {
+            0
+        }
+    }
+
+    fn update_global_incident(&self, e: &mut Engine, now: Instant) {
+        let window = e.cfg.incident_window;
+        let active: Vec<&Tracked> = e
+            .upstreams
+            .values()
+            .filter(|t| {
+                t.last_active
+                    .is_some_and(|a| now.duration_since(a) <= window)
+            })
+            .collect();
+        let failing = active.iter().filter(|t| t.raw_failing()).count();
+        let share = if active.is_empty() {
+            0.0
+        } else {
+            failing as f64 / active.len() as f64
+        };
+        let min = e.cfg.target_incident_min_upstreams;
+        match e.global_incident_since {
+            None if active.len() >= min && share >= e.cfg.global_incident_ratio => {
+                e.global_incident_since = Some(now);
+                tracing::warn!(
+                    pool = %self.name, failing, active = active.len(),
+                    "global incident: most upstreams fail at once; nothing is quarantined while it lasts"
+                );
+            }
+            Some(_) if share < e.cfg.global_incident_ratio / 2.0 => {
+                e.global_incident_since = None;
+                tracing::info!(pool = %self.name, "global incident over");
+            }
+            _ => {}
+        }
+    }
+
+    /// Recomputes the `weighted` cost factor of `upstream` from its success ratio and latency
+    /// relative to the pool's median.
+    fn reweigh(&self, e: &mut Engine, upstream: &UpstreamId) -> Option<Change> {
+        let mut lat: Vec<f64> = e
+            .upstreams
+            .values()
+            .filter_map(|t| t.latency_ewma_ms)
+            .collect();
+        lat.sort_by(|a, b| a.total_cmp(b));
+        let median = lat.get(lat.len() / 2).copied().unwrap_or(0.0).max(1.0);
+        let t = e.upstreams.get_mut(upstream)?;
+        let ratio = t.latency_ewma_ms.map_or(1.0, |l| (l / median).max(1.0));
+        let success = t.machine.success_ratio().unwrap_or(1.0).max(0.1);
+        t.weight_cost = ((ratio / success).round() as u32).clamp(1, MAX_WEIGHT_COST);
+        self.change_for(e, upstream, None)
+    }
+
+    /// The store change for `upstream`, if its setting differs from the one applied.
+    fn change_for(
+        &self,
+        e: &mut Engine,
+        upstream: &UpstreamId,
+        transition: Option<Transition>,
+    ) -> Option<Change> {
+        let t = e.upstreams.get_mut(upstream)?;
+        let member = t.member_state();
+        if member == t.applied && transition.is_none() {
+            return None;
+        }
+        t.applied = member;
+        Some(Change {
+            upstream: upstream.clone(),
+            member,
+            transition,
+        })
+    }
+
+    fn log(&self, upstream: &UpstreamId, t: &Transition) {
+        tracing::info!(
+            pool = %self.name, upstream = %upstream, from = t.from.as_str(), to = t.to.as_str(),
+            reason = %t.reason, "upstream state changed"
+        );
+    }
+
+    /// Ends cool-downs that are over and forgets idle targets; run about once a second.
+    pub fn tick(&self) -> Vec<Change> {
+        let now = Instant::now();
+        let mut e = self.lock();
+        let e = &mut *e;
+        for target in e.targets.expire(&e.cfg, TARGET_IDLE_EXPIRY, now) {
+            tracing::info!(pool = %self.name, target, "target incident over: no recent failures");
+        }
+        self.update_global_incident(e, now);
+        let ids: Vec<UpstreamId> = e.upstreams.keys().cloned().collect();
+        let mut changes = Vec::new();
+        for id in ids {
+            let transition = e.upstreams.get_mut(&id).and_then(|t| t.machine.tick(now));
+            if let Some(t) = &transition {
+                self.log(&id, t);
+            }
+            if transition.is_some() {
+                changes.extend(self.change_for(e, &id, transition));
+            }
+        }
+        changes
+    }
+
+    /// An operator's restore of `upstream` to healthy.
+    pub fn restore(&self, upstream: &UpstreamId, reason: &str) -> Option<Change> {
+        let now = Instant::now();
+        let mut e = self.lock();
+        let e = &mut *e;
+        let t = e
+            .upstreams
+            .get_mut(upstream)?
+            .machine
+            .restore(reason, now)?;
+        self.log(upstream, &t);
+        self.change_for(e, upstream, Some(t))
+    }
+
+    /// An operator's quarantine of `upstream` for `duration` (no pool guard applies).
+    pub fn quarantine(&self, upstream: &UpstreamId, duration: Duration) -> Option<Change> {
+        let now = Instant::now();
+        let mut e = self.lock();
+        let e = &mut *e;
+        let t = e
+            .upstreams
+            .get_mut(upstream)?
+            .machine
+            .force_quarantine(duration, now);
+        self.log(upstream, &t);
+        self.change_for(e, upstream, Some(t))
+    }
+
+    pub fn state_of(&self, upstream: &UpstreamId) -> Option<State> {
+        self.lock()
+            .upstreams
+            .get(upstream)
+            .map(|t| t.machine.state())
+    }
+
+    pub fn view(&self) -> PoolHealthView {
+        let now = Instant::now();
+        let e = self.lock();
+        let mut counts_by_state = std::collections::BTreeMap::new();
+        for s in [
+            State::Healthy,
+            State::Degraded,
+            State::Quarantined,
+            State::HalfOpen,
+            State::Dead,
+        ] {
+            counts_by_state.insert(s.as_str(), 0);
+        }
+        let mut upstreams = HashMap::new();
+        for (id, t) in &e.upstreams {
+            let m = &t.machine;
+            *counts_by_state.entry(m.state().as_str()).or_default() += 1;
+            upstreams.insert(
+                id.clone(),
+                UpstreamHealthView {
+                    state: m.state().as_str(),
+                    state_since_s: now.duration_since(m.since()).as_secs(),
+                    state_reason: m.reason().to_string(),
+                    success_ratio: m.success_ratio(),
+                    captcha_ratio: m.ban_ratio(),
+                    quarantines_total: m.quarantines_total,
+                    cooldown_remaining_ms: m
+                        .quarantine_until()
+                        .map(|u| u.saturating_duration_since(now).as_millis() as u64),
+                    latency_ewma_ms: t.latency_ewma_ms,
+                    allocation_cost: t.applied.cost,
+                },
+            );
+        }
+        let quarantined = e
+            .upstreams
+            .values()
+            .filter(|t| matches!(t.machine.state(), State::Quarantined | State::Dead))
+            .count();
+        PoolHealthView {
+            quarantine_cap: Self::cap(&e.cfg, e.members.len()),
+            quarantined,
+            counts_by_state,
+            global_incident: e.global_incident_since.is_some(),
+            target_incidents: e
+                .targets
+                .incidents()
+                .into_iter()
+                .map(|(target, since)| TargetIncident {
+                    target,
+                    since_s: now.duration_since(since).as_secs(),
+                })
+                .collect(),
+            targets_tracked: e.targets.len(),
+            upstreams,
+            matrix: e
+                .targets
+                .busiest(MATRIX_TARGETS)
+                .into_iter()
+                .map(|row| MatrixRow {
+                    target: row.target,
+                    incident: row.incident,
+                    cells: row
+                        .cells
+                        .into_iter()
+                        .map(|(u, c)| {
+                            let total = c.total().max(1) as f64;
+                            MatrixCell {
+                                upstream: u.to_string(),
+                                success_ratio: c.ok as f64 / total,
+                                captcha_ratio: c.bans as f64 / total,
+                                counts: c,
+                            }
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
