@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::metrics::Metrics;
 use crate::config::{Config, StoreConfig};
 use crate::health::classify::CaptchaRules;
 use crate::pool::PoolSet;
@@ -105,6 +106,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         store: Arc::new(store),
         health,
         captcha: CaptchaRules::new(&config.captcha),
+        metrics: Arc::new(Metrics::new()),
         connector,
         tasks: TaskTracker::new(),
         shutdown: CancellationToken::new(),

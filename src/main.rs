@@ -38,6 +38,9 @@ enum Command {
         /// Admin address; defaults to the config's server.admin_listen.
         #[arg(long)]
         admin: Option<String>,
+        /// Print the raw JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -83,7 +86,7 @@ fn main() -> ExitCode {
             rt.shutdown_timeout(std::time::Duration::from_millis(100));
             ExitCode::from(code as u8)
         }
-        Command::Status { admin } => {
+        Command::Status { admin, json } => {
             let addr = match admin {
                 Some(a) => a,
                 None => match Config::load(&cli.config) {
@@ -94,9 +97,16 @@ fn main() -> ExitCode {
                     }
                 },
             };
-            match poolgate::admin::client::fetch_status(&addr) {
-                Ok(body) => {
-                    println!("{body}");
+            let shown = poolgate::admin::client::fetch_status(&addr).and_then(|body| {
+                if json {
+                    Ok(body)
+                } else {
+                    poolgate::admin::client::render_table(&body)
+                }
+            });
+            match shown {
+                Ok(text) => {
+                    println!("{text}");
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -6,6 +6,7 @@ use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::metrics::Metrics;
 use crate::config::Config;
 use crate::health;
 use crate::health::classify::CaptchaRules;
@@ -23,6 +24,7 @@ pub struct Gateway {
     pub health: health::Registry,
     /// Captcha and block detection for responses.
     pub captcha: CaptchaRules,
+    pub metrics: Arc<Metrics>,
     pub connector: Connector,
     /// Keep-alive connections to upstreams, reused across requests.
     pub conns: Arc<ConnPool>,

@@ -40,3 +40,75 @@ pub fn fetch_status(addr: &str) -> Result<String, String> {
     }
     Ok(body.to_string())
 }
+
+/// `/status` as a readable table: one block per pool, one row per upstream.
+pub fn render_table(json: &str) -> Result<String, String> {
+    use std::fmt::Write as _;
+    let s: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("not a /status document: {e}"))?;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "instance {}  up {}s  store {} ({})",
+        s["instance_id"].as_str().unwrap_or("?"),
+        s["uptime_s"],
+        s["store"]["kind"].as_str().unwrap_or("?"),
+        s["store"]["health"].as_str().unwrap_or("?")
+    );
+    let ratio = |v: &serde_json::Value| {
+        v.as_f64()
+            .map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0))
+    };
+    let millis = |v: &serde_json::Value| v.as_f64().map_or("-".to_string(), |r| format!("{r:.0}"));
+    for p in s["pools"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "\npool {}{}  strategy {}  sessions {}  leases {}  quarantined {}/{}",
+            p["name"].as_str().unwrap_or("?"),
+            if p["default"] == true {
+                " (default)"
+            } else {
+                ""
+            },
+            p["strategy"].as_str().unwrap_or("?"),
+            p["sessions_live"],
+            p["leases_live"],
+            p["quarantine_cap"]["used"],
+            p["quarantine_cap"]["limit"],
+        );
+        if p["incidents"]["global"] == true {
+            let _ = writeln!(
+                out,
+                "  ! global incident: most upstreams are failing at once"
+            );
+        }
+        for t in p["incidents"]["targets"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  ! target incident: {}",
+                t["target"].as_str().unwrap_or("?")
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  {:<34} {:<12} {:>6} {:>8} {:>7} {:>7} {:>7} {:>7}  REASON",
+            "UPSTREAM", "STATE", "LEASES", "ALLOCS", "SUCCESS", "CAPTCHA", "P50ms", "P95ms"
+        );
+        for u in p["upstreams"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  {:<34} {:<12} {:>6} {:>8} {:>7} {:>7} {:>7} {:>7}  {}",
+                u["id"].as_str().unwrap_or("?"),
+                u["state"].as_str().unwrap_or("?"),
+                u["leases_live"],
+                u["allocations"],
+                ratio(&u["success_ratio"]),
+                ratio(&u["captcha_ratio"]),
+                millis(&u["latency_p50_ms"]),
+                millis(&u["latency_p95_ms"]),
+                u["state_reason"].as_str().unwrap_or(""),
+            );
+        }
+    }
+    Ok(out)
+}

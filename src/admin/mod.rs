@@ -1,6 +1,10 @@
-//! The admin listener: `/status` (JSON) and `/healthz`.
+//! The admin listener: `/status` (JSON), `/metrics` (Prometheus), `/dashboard`, `/healthz`,
+//! `/readyz`, and token-protected admin actions under `/admin/`.
 
+pub mod actions;
 pub mod client;
+pub mod dashboard;
+pub mod metrics;
 pub mod status;
 
 use std::sync::Arc;
@@ -14,8 +18,14 @@ use crate::proxy::Body;
 use crate::state::Gateway;
 
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
-    match (req.method(), req.uri().path()) {
+    let path = req.uri().path().to_string();
+    match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        // Not ready once shutdown begins, so a load balancer stops sending new clients.
+        (&Method::GET, "/readyz") if gw.shutdown.is_cancelled() => {
+            text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+        }
+        (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
         (&Method::GET, "/status") => match serde_json::to_vec_pretty(&status::collect(&gw).await) {
             Ok(json) => {
                 let mut r = full(StatusCode::OK, json);
@@ -27,10 +37,39 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
             }
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
-        (_, "/healthz" | "/status") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
+        (&Method::GET, "/metrics") => match gw.metrics.render(&status::collect(&gw).await) {
+            Ok(body) => {
+                let mut r = full(StatusCode::OK, body);
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
+                );
+                r
+            }
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
+        },
+        (&Method::GET, "/" | "/dashboard") => dashboard::page(),
+        (&Method::POST, "/admin/upstream" | "/admin/session") => {
+            if let Err(denied) = actions::authorize(&gw, req.headers()) {
+                return *denied;
+            }
+            if path == "/admin/upstream" {
+                actions::upstream(&gw, req.into_body()).await
+            } else {
+                actions::session(&gw, req.into_body()).await
+            }
+        }
+        (_, "/healthz" | "/readyz" | "/status" | "/metrics" | "/dashboard") => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n")
+        }
+        (_, "/admin/upstream" | "/admin/session") => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n")
+        }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /status or /healthz\n",
+            "not found: try /dashboard, /status, /metrics, /healthz or /readyz\n",
         ),
     }
 }

@@ -45,6 +45,7 @@ struct Tracked {
     raw: VecDeque<bool>,
     last_active: Option<Instant>,
     latency_ewma_ms: Option<f64>,
+    latency: LatencyHistogram,
     /// Cost factor of the `weighted` strategy.
     weight_cost: u32,
     /// The member setting last handed to the store.
@@ -58,6 +59,7 @@ impl Tracked {
             raw: VecDeque::new(),
             last_active: None,
             latency_ewma_ms: None,
+            latency: LatencyHistogram::default(),
             weight_cost: 1,
             applied: MemberState::IN_SERVICE,
         }
@@ -80,6 +82,7 @@ impl Tracked {
             ),
             State::Quarantined => (false, true, 1),
             State::Dead => (false, false, 1),
+            State::Drained => (false, true, 1),
         };
         MemberState {
             eligible,
@@ -117,6 +120,8 @@ pub struct UpstreamHealthView {
     pub quarantines_total: u64,
     pub cooldown_remaining_ms: Option<u64>,
     pub latency_ewma_ms: Option<f64>,
+    pub latency_p50_ms: Option<f64>,
+    pub latency_p95_ms: Option<f64>,
     pub allocation_cost: u32,
 }
 
@@ -153,6 +158,55 @@ pub struct PoolHealthView {
     #[serde(skip)]
     pub upstreams: HashMap<UpstreamId, UpstreamHealthView>,
     pub matrix: Vec<MatrixRow>,
+}
+
+/// Latency buckets: 1 ms growing by half each step, up to about a minute.
+const LATENCY_BUCKETS: usize = 28;
+/// Past this many samples the histogram halves, so percentiles follow recent behaviour.
+const LATENCY_DECAY_AT: u32 = 2_000;
+
+/// A small decaying histogram of latencies for p50/p95 estimates.
+#[derive(Debug, Default, Clone)]
+struct LatencyHistogram {
+    counts: [u32; LATENCY_BUCKETS],
+    total: u32,
+}
+
+impl LatencyHistogram {
+    fn bound(i: usize) -> f64 {
+        1.5f64.powi(i as i32)
+    }
+
+    fn record(&mut self, ms: f64) {
+        let i = (0..LATENCY_BUCKETS)
+            .find(|&i| ms <= Self::bound(i))
+            .unwrap_or(LATENCY_BUCKETS - 1);
+        self.counts[i] += 1;
+        self.total += 1;
+        if self.total >= LATENCY_DECAY_AT {
+            self.total = 0;
+            for c in self.counts.iter_mut() {
+                *c /= 2;
+                self.total += *c;
+            }
+        }
+    }
+
+    /// The upper bound of the bucket holding quantile `q`.
+    fn quantile(&self, q: f64) -> Option<f64> {
+        if self.total == 0 {
+            return None;
+        }
+        let rank = (q * self.total as f64).ceil().max(1.0) as u32;
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some((Self::bound(i) * 10.0).round() / 10.0);
+            }
+        }
+        None
+    }
 }
 
 /// Rows of the upstream × target matrix in `/status`.
@@ -250,6 +304,7 @@ impl PoolHealth {
             if sample == Sample::Success {
                 let ms = latency.as_secs_f64() * 1000.0;
                 t.latency_ewma_ms = Some(t.latency_ewma_ms.map_or(ms, |old| old * 0.8 + ms * 0.2));
+                t.latency.record(ms);
             }
         }
 
@@ -287,7 +342,11 @@ impl PoolHealth {
             .upstreams
             .iter()
             .filter(|(id, u)| {
-                *id != upstream && matches!(u.machine.state(), State::Quarantined | State::Dead)
+                *id != upstream
+                    && matches!(
+                        u.machine.state(),
+                        State::Quarantined | State::Dead | State::Drained
+                    )
             })
             .count();
         let cap = Self::cap(&e.cfg, n);
@@ -428,6 +487,26 @@ impl PoolHealth {
         self.change_for(e, upstream, Some(t))
     }
 
+    /// An operator's drain of `upstream`: no new work; live leases and sessions finish.
+    pub fn drain(&self, upstream: &UpstreamId) -> Option<Change> {
+        let now = Instant::now();
+        let mut e = self.lock();
+        let e = &mut *e;
+        let t = e.upstreams.get_mut(upstream)?.machine.drain(now);
+        self.log(upstream, &t);
+        self.change_for(e, upstream, Some(t))
+    }
+
+    /// An operator's removal of `upstream`: out of service, its sessions end.
+    pub fn remove(&self, upstream: &UpstreamId) -> Option<Change> {
+        let now = Instant::now();
+        let mut e = self.lock();
+        let e = &mut *e;
+        let t = e.upstreams.get_mut(upstream)?.machine.remove(now);
+        self.log(upstream, &t);
+        self.change_for(e, upstream, Some(t))
+    }
+
     /// An operator's quarantine of `upstream` for `duration` (no pool guard applies).
     pub fn quarantine(&self, upstream: &UpstreamId, duration: Duration) -> Option<Change> {
         let now = Instant::now();
@@ -459,6 +538,7 @@ impl PoolHealth {
             State::Quarantined,
             State::HalfOpen,
             State::Dead,
+            State::Drained,
         ] {
             counts_by_state.insert(s.as_str(), 0);
         }
@@ -479,6 +559,8 @@ impl PoolHealth {
                         .quarantine_until()
                         .map(|u| u.saturating_duration_since(now).as_millis() as u64),
                     latency_ewma_ms: t.latency_ewma_ms,
+                    latency_p50_ms: t.latency.quantile(0.5),
+                    latency_p95_ms: t.latency.quantile(0.95),
                     allocation_cost: t.applied.cost,
                 },
             );

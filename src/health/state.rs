@@ -30,6 +30,8 @@ pub enum State {
     HalfOpen,
     /// Failed too many cycles at the longest cool-down; restored only by an operator or a probe.
     Dead,
+    /// Taken out of service by an operator: no new work, live leases and sessions finish.
+    Drained,
 }
 
 impl State {
@@ -40,6 +42,7 @@ impl State {
             State::Quarantined => "quarantined",
             State::HalfOpen => "half-open",
             State::Dead => "dead",
+            State::Drained => "drained",
         }
     }
 }
@@ -183,7 +186,7 @@ impl UpstreamHealth {
             }
         }
         match self.state {
-            State::Quarantined | State::Dead => None,
+            State::Quarantined | State::Dead | State::Drained => None,
             State::HalfOpen => match sample {
                 Sample::Success if self.consecutive_successes >= cfg.half_open_successes => {
                     self.window.clear();
@@ -366,6 +369,18 @@ impl UpstreamHealth {
     }
 
     /// An operator's quarantine for `duration`.
+    /// An operator's drain: no new work until restored.
+    pub fn drain(&mut self, now: Instant) -> Transition {
+        self.quarantine_until = None;
+        self.set(State::Drained, "drained by an operator".to_string(), now)
+    }
+
+    /// An operator's removal: out of service and its sessions end, until restored or reloaded.
+    pub fn remove(&mut self, now: Instant) -> Transition {
+        self.quarantine_until = None;
+        self.set(State::Dead, "removed by an operator".to_string(), now)
+    }
+
     pub fn force_quarantine(&mut self, duration: Duration, now: Instant) -> Transition {
         self.quarantines_total += 1;
         self.quarantine_until = Some(now + duration);

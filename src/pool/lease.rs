@@ -11,8 +11,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::metrics::Metrics;
 use crate::health::{self, Outcome};
 use crate::pool::Pool;
+use crate::state::Gateway;
 use crate::store::{AnyStore, Grant, Store};
 use crate::upstream::Upstream;
 
@@ -23,6 +25,7 @@ pub struct Lease {
 struct Held {
     store: Arc<AnyStore>,
     tasks: TaskTracker,
+    metrics: Arc<Metrics>,
     pool: Arc<Pool>,
     grant: Grant,
     upstream: Arc<Upstream>,
@@ -34,8 +37,7 @@ struct Held {
 
 impl Lease {
     pub(crate) fn new(
-        store: Arc<AnyStore>,
-        tasks: TaskTracker,
+        gw: &Gateway,
         pool: Arc<Pool>,
         grant: Grant,
         upstream: Arc<Upstream>,
@@ -43,8 +45,9 @@ impl Lease {
     ) -> Self {
         Lease {
             inner: Some(Held {
-                store,
-                tasks,
+                store: gw.store.clone(),
+                tasks: gw.tasks.clone(),
+                metrics: gw.metrics.clone(),
                 pool,
                 grant,
                 upstream,
@@ -105,6 +108,12 @@ impl Lease {
             return;
         }
         let latency = h.latency.unwrap_or_else(|| h.acquired_at.elapsed());
+        h.metrics.record(
+            h.pool.name(),
+            h.grant.upstream.as_str(),
+            outcome.key(),
+            latency.as_secs_f64(),
+        );
         h.tasks.spawn(async move {
             if let Err(e) = h
                 .store

@@ -80,8 +80,7 @@ pub async fn acquire(
                     return Err(ProxyError::NoUpstream);
                 };
                 return Ok(Lease::new(
-                    gw.store.clone(),
-                    gw.tasks.clone(),
+                    gw,
                     pool.clone(),
                     grant,
                     upstream,

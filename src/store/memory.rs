@@ -431,6 +431,13 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn end_session(&self, pool: &str, key: &str) -> Result<bool, StoreError> {
+        let entry = self.entry(pool)?;
+        let now = Instant::now();
+        let removed = lock(&entry).sessions.remove(key);
+        Ok(removed.is_some_and(|b| b.expires > now))
+    }
+
     async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
         let entry = self.entry(pool)?;
         let mut state = lock(&entry);

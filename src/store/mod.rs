@@ -157,6 +157,13 @@ pub trait Store: Send + Sync + 'static {
         state: MemberState,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Ends a session: its binding is deleted, whatever it points at.
+    fn end_session(
+        &self,
+        pool: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Deletes a session binding if it still points at `upstream`.
     fn unbind(
         &self,
@@ -224,6 +231,12 @@ impl Store for AnyStore {
     ) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.set_member(pool, upstream, state).await,
+        }
+    }
+
+    async fn end_session(&self, pool: &str, key: &str) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.end_session(pool, key).await,
         }
     }
 

@@ -1,0 +1,284 @@
+//! `/metrics`: Prometheus (OpenMetrics text) series.
+//!
+//! Two kinds of series share one registry: live ones recorded on the request path (outcomes and
+//! latency, at lease release), and snapshot ones refreshed from the same data as `/status` at each
+//! scrape (states, leases, sessions, incidents, the bounded top-targets matrix). Label cardinality is
+//! bounded: pools and configured upstreams, outcomes, states, and at most
+//! [`crate::health::engine::MATRIX_TARGETS`] targets per pool.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::admin::status::Status;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub pool: String,
+    pub upstream: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    pool: String,
+    upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    pool: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    pool: String,
+    target: String,
+    upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    kind: String,
+}
+
+type Ratio = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms to ~33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Every series the gateway exports.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    requests: Family<OutcomeLabels, Counter>,
+    latency: Family<PoolLabel, Histogram, fn() -> Histogram>,
+    upstreams_by_state: Family<StateLabels, Gauge>,
+    quarantine_limit: Family<PoolLabel, Gauge>,
+    quarantine_used: Family<PoolLabel, Gauge>,
+    leases_live: Family<UpstreamLabels, Gauge>,
+    sessions_live: Family<PoolLabel, Gauge>,
+    success_ratio: Family<UpstreamLabels, Ratio>,
+    captcha_ratio: Family<UpstreamLabels, Ratio>,
+    target_incidents: Family<PoolLabel, Gauge>,
+    global_incident: Family<PoolLabel, Gauge>,
+    target_success_ratio: Family<TargetLabels, Ratio>,
+    store_up: Family<StoreLabels, Gauge>,
+    uptime: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            upstreams_by_state: Family::default(),
+            quarantine_limit: Family::default(),
+            quarantine_used: Family::default(),
+            leases_live: Family::default(),
+            sessions_live: Family::default(),
+            success_ratio: Family::default(),
+            captcha_ratio: Family::default(),
+            target_incidents: Family::default(),
+            global_incident: Family::default(),
+            target_success_ratio: Family::default(),
+            store_up: Family::default(),
+            uptime: Gauge::default(),
+        };
+        {
+            let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
+            r.register(
+                "poolgate_requests",
+                "Exchanges (requests and tunnels) by pool, upstream and outcome",
+                m.requests.clone(),
+            );
+            r.register(
+                "poolgate_request_duration_seconds",
+                "Time to the response head (or tunnel established), by pool",
+                m.latency.clone(),
+            );
+            r.register(
+                "poolgate_upstreams",
+                "Upstreams by state",
+                m.upstreams_by_state.clone(),
+            );
+            r.register(
+                "poolgate_quarantine_limit",
+                "Upstreams that may be out of service at once",
+                m.quarantine_limit.clone(),
+            );
+            r.register(
+                "poolgate_quarantine_used",
+                "Upstreams out of service (quarantined or dead)",
+                m.quarantine_used.clone(),
+            );
+            r.register(
+                "poolgate_leases_live",
+                "Live leases by upstream",
+                m.leases_live.clone(),
+            );
+            r.register(
+                "poolgate_sessions_live",
+                "Live sticky sessions by pool",
+                m.sessions_live.clone(),
+            );
+            r.register(
+                "poolgate_upstream_success_ratio",
+                "Successes over the upstream's recent window",
+                m.success_ratio.clone(),
+            );
+            r.register(
+                "poolgate_upstream_captcha_ratio",
+                "Captcha/blocked share over the upstream's recent window",
+                m.captcha_ratio.clone(),
+            );
+            r.register(
+                "poolgate_target_incidents",
+                "Targets currently failing on most of the pool",
+                m.target_incidents.clone(),
+            );
+            r.register(
+                "poolgate_global_incident",
+                "1 while most upstreams fail at once",
+                m.global_incident.clone(),
+            );
+            r.register(
+                "poolgate_target_success_ratio",
+                "Success ratio per busiest target and upstream",
+                m.target_success_ratio.clone(),
+            );
+            r.register(
+                "poolgate_store_up",
+                "1 when the store is reachable, 0 when degraded",
+                m.store_up.clone(),
+            );
+            r.register(
+                "poolgate_uptime_seconds",
+                "Seconds since start",
+                m.uptime.clone(),
+            );
+        }
+        m
+    }
+
+    /// Records one finished exchange (called at lease release).
+    pub fn record(&self, pool: &str, upstream: &str, outcome: &'static str, latency_s: f64) {
+        self.requests
+            .get_or_create(&OutcomeLabels {
+                pool: pool.to_string(),
+                upstream: upstream.to_string(),
+                outcome,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&PoolLabel {
+                pool: pool.to_string(),
+            })
+            .observe(latency_s);
+    }
+
+    /// Refreshes the snapshot series from `status` and encodes everything.
+    pub fn render(&self, status: &Status) -> Result<String, std::fmt::Error> {
+        for f in [
+            &self.quarantine_limit,
+            &self.quarantine_used,
+            &self.sessions_live,
+            &self.target_incidents,
+            &self.global_incident,
+        ] {
+            f.clear();
+        }
+        self.upstreams_by_state.clear();
+        self.leases_live.clear();
+        self.success_ratio.clear();
+        self.captcha_ratio.clear();
+        self.target_success_ratio.clear();
+        self.store_up.clear();
+
+        self.uptime.set(status.uptime_s as i64);
+        self.store_up
+            .get_or_create(&StoreLabels {
+                kind: status.store.kind.to_string(),
+            })
+            .set(i64::from(status.store.health == "ok"));
+        for p in &status.pools {
+            let pool = PoolLabel {
+                pool: p.name.clone(),
+            };
+            for (state, n) in &p.counts_by_state {
+                self.upstreams_by_state
+                    .get_or_create(&StateLabels {
+                        pool: p.name.clone(),
+                        state: state.to_string(),
+                    })
+                    .set(*n as i64);
+            }
+            self.quarantine_limit
+                .get_or_create(&pool)
+                .set(p.quarantine_cap.limit as i64);
+            self.quarantine_used
+                .get_or_create(&pool)
+                .set(p.quarantine_cap.used as i64);
+            self.sessions_live
+                .get_or_create(&pool)
+                .set(p.sessions_live as i64);
+            self.target_incidents
+                .get_or_create(&pool)
+                .set(p.incidents.targets.len() as i64);
+            self.global_incident
+                .get_or_create(&pool)
+                .set(i64::from(p.incidents.global));
+            for u in &p.upstreams {
+                let labels = UpstreamLabels {
+                    pool: p.name.clone(),
+                    upstream: u.id.clone(),
+                };
+                self.leases_live
+                    .get_or_create(&labels)
+                    .set(u.stats.leases_live as i64);
+                if let Some(h) = &u.health {
+                    if let Some(r) = h.success_ratio {
+                        self.success_ratio.get_or_create(&labels).set(r);
+                    }
+                    if let Some(r) = h.captcha_ratio {
+                        self.captcha_ratio.get_or_create(&labels).set(r);
+                    }
+                }
+            }
+            for row in &p.matrix {
+                for cell in &row.cells {
+                    self.target_success_ratio
+                        .get_or_create(&TargetLabels {
+                            pool: p.name.clone(),
+                            target: row.target.clone(),
+                            upstream: cell.upstream.clone(),
+                        })
+                        .set(cell.success_ratio);
+                }
+            }
+        }
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
+}
