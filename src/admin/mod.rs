@@ -1,4 +1,4 @@
-//! The admin listener: `/status` (JSON) and `/healthz`.
+//! The admin listener: `/status` (JSON), `/healthz`, and `POST /admin/reload` (bearer token).
 
 pub mod client;
 pub mod status;
@@ -27,6 +27,8 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
             }
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
+        (&Method::POST, "/admin/reload") => crate::reload::admin_reload(&gw, &req).await,
+        (_, "/admin/reload") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (_, "/healthz" | "/status") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
         _ => text(
             StatusCode::NOT_FOUND,

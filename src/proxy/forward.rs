@@ -5,6 +5,7 @@
 //! the target. Connections are kept alive and reused per upstream (and per target where the
 //! connection is a tunnel).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,8 +18,9 @@ use hyper_util::rt::TokioIo;
 
 use crate::error::ProxyError;
 use crate::health::classify;
+use crate::limits::{BodyFault, LimitedBody};
 use crate::proxy::observe::Observed;
-use crate::proxy::{self, Body, headers};
+use crate::proxy::{self, Body, framing, headers};
 use crate::state::Gateway;
 use crate::target::Target;
 use crate::upstream::Upstream;
@@ -28,6 +30,7 @@ use crate::upstream::reuse::{ConnKey, OutBody};
 pub async fn handle(
     gw: &Arc<Gateway>,
     req: Request<Incoming>,
+    peer: SocketAddr,
 ) -> Result<Response<Body>, ProxyError> {
     let target = Target::from_uri(req.uri(), None)
         .ok_or(ProxyError::BadRequest("the request URI has no usable host"))?;
@@ -36,7 +39,16 @@ pub async fn handle(
             "only http:// URIs are forwarded; use CONNECT for https",
         ));
     }
-    let route = proxy::route(gw, req.headers(), &target, false)?;
+    let route = proxy::route(gw, req.headers(), &target, false, peer).await?;
+    let limit = gw.live.load().server.max_request_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
 
     let (mut lease, (sender, key, reused)) =
         proxy::open(gw, &route, |up| sender_for(gw, up, &target)).await?;
@@ -61,6 +73,8 @@ pub async fn handle(
         parts.headers.insert(header::HOST, v);
     }
     let replay = body_is_empty(&body).then(|| parts.clone());
+    let fault = Arc::new(BodyFault::default());
+    let body = LimitedBody::new(body, limit, fault.clone());
     let out = Request::from_parts(parts, body.boxed_unsync());
 
     let timeout = gw.config.server.response_timeout;
@@ -71,6 +85,16 @@ pub async fn handle(
     .await;
     let resp = match sent {
         Ok(Ok(resp)) => resp,
+        // The client's body broke off or passed the limit: the client's fault, not the
+        // upstream's; the upstream connection is dropped with the half-sent request.
+        Ok(Err(_)) if fault.too_large() => {
+            lease.finish(crate::health::Outcome::Cancelled);
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        Ok(Err(_)) if fault.broken() => {
+            lease.finish(crate::health::Outcome::Cancelled);
+            return Err(ProxyError::BadRequestBody);
+        }
         Ok(Err(e)) => {
             lease.finish(crate::health::Outcome::Reset);
             return Err(e);
@@ -85,6 +109,15 @@ pub async fn handle(
     lease.mark_latency();
 
     let (mut parts, body) = resp.into_parts();
+    if let Err(reason) = framing::check_response(&parts.headers) {
+        // The connection is not reused: its sender was recycled, but the body is dropped unread,
+        // which makes hyper close it.
+        lease.finish(crate::health::Outcome::UpstreamError);
+        return Err(ProxyError::UpstreamBadResponse {
+            upstream: upstream.id.clone(),
+            reason,
+        });
+    }
     let outcome = classify::classify_response(parts.status, &parts.headers);
     headers::clean_response(&mut parts.headers);
     let session = route.session.as_ref().map(|s| s.key.as_str());
