@@ -32,6 +32,9 @@ pub struct RequestCounts {
     pub rejected: u64,
     pub failed: u64,
     pub in_flight: u64,
+    /// Plain requests whose head was sent to an upstream (not part of the sum above): an
+    /// upstream never parses more requests than this.
+    pub forwarded: u64,
 }
 
 /// The gateway's traffic counters.
@@ -69,6 +72,11 @@ impl Counters {
             End::Rejected => c.rejected += 1,
             End::Failed => c.failed += 1,
         }
+    }
+
+    /// Counts a request head sent to an upstream.
+    pub fn forwarded(&self) {
+        self.lock().forwarded += 1;
     }
 
     pub fn requests(&self) -> RequestCounts {
@@ -191,7 +199,8 @@ mod tests {
                 completed: 1,
                 rejected: 1,
                 failed: 1,
-                in_flight: 1
+                in_flight: 1,
+                forwarded: 0,
             }
         );
         e.end(true);

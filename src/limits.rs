@@ -451,6 +451,108 @@ where
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Look-ahead.
+
+/// At most this much of a request body is read ahead before anything is sent upstream.
+pub const MAX_LOOKAHEAD_BYTES: u64 = 64 * 1024;
+/// How long the look-ahead waits for each next frame: bodies that came with their head are all
+/// there at once; a slow upload is not held up for longer than this.
+pub const LOOKAHEAD_WAIT: Duration = Duration::from_millis(20);
+
+/// Why the look-ahead refused a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookaheadFault {
+    /// Broken framing (bad chunk size, chunk extension) in the part that had arrived.
+    Malformed,
+    /// Already larger than the limit.
+    TooLarge,
+}
+
+pin_project! {
+    /// A body whose first frames were read ahead: they are replayed, then the rest streams.
+    /// When the look-ahead reached the end, the length is exact, so it is sent with
+    /// `Content-Length`.
+    pub struct ReadAhead<B> {
+        frames: std::collections::VecDeque<Frame<Bytes>>,
+        #[pin]
+        rest: B,
+        // The look-ahead saw the end of the body.
+        complete: bool,
+        len: u64,
+    }
+}
+
+/// Reads what has already arrived of `body` (up to [`MAX_LOOKAHEAD_BYTES`], waiting at most
+/// [`LOOKAHEAD_WAIT`] for each frame), so that a malformed or oversized body that came with its
+/// head is refused before anything is sent upstream.
+pub async fn read_ahead<B>(mut body: B, limit: u64) -> Result<ReadAhead<B>, LookaheadFault>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let mut frames = std::collections::VecDeque::new();
+    let mut len = 0u64;
+    let mut complete = body.is_end_stream();
+    while !complete && len <= MAX_LOOKAHEAD_BYTES {
+        match tokio::time::timeout(LOOKAHEAD_WAIT, body.frame()).await {
+            Err(_) => break,
+            Ok(None) => complete = true,
+            Ok(Some(Err(_))) => return Err(LookaheadFault::Malformed),
+            Ok(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    len += d.len() as u64;
+                    if len > limit {
+                        return Err(LookaheadFault::TooLarge);
+                    }
+                }
+                frames.push_back(frame);
+                complete = body.is_end_stream();
+            }
+        }
+    }
+    Ok(ReadAhead {
+        frames,
+        rest: body,
+        complete,
+        len,
+    })
+}
+
+impl<B> Body for ReadAhead<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        if let Some(f) = this.frames.pop_front() {
+            return Poll::Ready(Some(Ok(f)));
+        }
+        if *this.complete {
+            return Poll::Ready(None);
+        }
+        this.rest.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && (self.complete || self.rest.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.complete {
+            SizeHint::with_exact(self.len)
+        } else {
+            self.rest.size_hint()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

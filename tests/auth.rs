@@ -48,10 +48,19 @@ async fn missing_or_wrong_credentials_get_407_and_right_ones_get_through() {
 
     for (user, pw) in [("alice", "wrong"), ("mallory", "wonderland"), ("alice", "")] {
         let url_with = format!("http://{user}:{pw}@{}", gw.proxy);
-        let resp = gw.client_via(&url_with, None).get(&url).send().await.unwrap();
+        let resp = gw
+            .client_via(&url_with, None)
+            .get(&url)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 407, "{user}:{pw}");
     }
-    assert_eq!(upstream.requests(), 0, "nothing unauthenticated went upstream");
+    assert_eq!(
+        upstream.requests(),
+        0,
+        "nothing unauthenticated went upstream"
+    );
 
     // Right password, also with session tokens in the username, repeatedly (cached).
     for user in ["alice", "alice-session-abc", "alice-session-abc-sesstime-5"] {
@@ -64,8 +73,17 @@ async fn missing_or_wrong_credentials_get_407_and_right_ones_get_through() {
     }
     assert_eq!(upstream.requests(), 9);
     // The client's credentials never reach the upstream or the origin.
-    assert!(upstream.auth_seen().is_empty(), "{:?}", upstream.auth_seen());
-    assert!(origin.requests().iter().all(|r| !r.has_header("proxy-authorization")));
+    assert!(
+        upstream.auth_seen().is_empty(),
+        "{:?}",
+        upstream.auth_seen()
+    );
+    assert!(
+        origin
+            .requests()
+            .iter()
+            .all(|r| !r.has_header("proxy-authorization"))
+    );
 
     // CONNECT: 407 without credentials, and the connection is closed.
     let raw = common::raw_http(

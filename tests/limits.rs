@@ -91,14 +91,22 @@ async fn slowloris_is_cut_off_at_the_header_timeout_while_50_others_are_served()
         cut_after >= Duration::from_millis(1500) && cut_after < Duration::from_secs(5),
         "cut off after {cut_after:?}"
     );
-    assert_eq!(upstream.requests(), 50, "the slow request never went upstream");
+    assert_eq!(
+        upstream.requests(),
+        50,
+        "the slow request never went upstream"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keep_alive_connections_are_closed() {
     let origin = Origin::start(OriginBehaviour::echo()).await;
     let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
-    let gw = gateway("idle_timeout = \"1s\"\nheader_read_timeout = \"30s\"", &upstream).await;
+    let gw = gateway(
+        "idle_timeout = \"1s\"\nheader_read_timeout = \"30s\"",
+        &upstream,
+    )
+    .await;
     let mut s = TcpStream::connect(gw.proxy).await.unwrap();
     let req = format!(
         "GET {} HTTP/1.1\r\nHost: {}\r\n\r\n",
@@ -216,7 +224,10 @@ async fn connections_past_the_limit_are_refused_without_harming_a_load_test() {
     assert_eq!(failed, 0, "load test requests failed during the flood");
     assert!(ok > 32, "{ok}");
     let st = gw.status().await;
-    assert!(st["connections"]["refused"].as_u64().unwrap() >= FLOOD as u64, "{st}");
+    assert!(
+        st["connections"]["refused"].as_u64().unwrap() >= FLOOD as u64,
+        "{st}"
+    );
 
     // The idle connections are unharmed: one of them still serves a request.
     let mut s = idle.pop().unwrap();

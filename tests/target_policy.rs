@@ -107,7 +107,10 @@ impl Resolve for MapResolver {
 async fn direct_gateway(policy: &str) -> TestGateway {
     let resolver = MapResolver(HashMap::from([
         ("rebind.test".to_string(), "127.0.0.1".parse().unwrap()),
-        ("mapped.test".to_string(), "::ffff:127.0.0.1".parse().unwrap()),
+        (
+            "mapped.test".to_string(),
+            "::ffff:127.0.0.1".parse().unwrap(),
+        ),
     ]));
     TestGateway::start_text_with(
         &format!(

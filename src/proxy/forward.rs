@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 
 use crate::error::ProxyError;
 use crate::health::classify;
-use crate::limits::{BodyFault, LimitedBody};
+use crate::limits::{self, BodyFault, LimitedBody, LookaheadFault};
 use crate::proxy::observe::Observed;
 use crate::proxy::{self, Body, framing, headers};
 use crate::state::Gateway;
@@ -50,6 +50,16 @@ pub async fn handle(
         return Err(ProxyError::BodyTooLarge { limit });
     }
 
+    // What of the body came with the head is checked before anything goes upstream.
+    let (parts, body) = req.into_parts();
+    let body = limits::read_ahead(body, limit)
+        .await
+        .map_err(|fault| match fault {
+            LookaheadFault::Malformed => ProxyError::BadRequestBody,
+            LookaheadFault::TooLarge => ProxyError::BodyTooLarge { limit },
+        })?;
+    let req = Request::from_parts(parts, body);
+
     let (mut lease, (sender, key, reused)) =
         proxy::open(gw, &route, |up| sender_for(gw, up, &target)).await?;
     let Some(upstream) = lease.upstream().cloned() else {
@@ -77,7 +87,8 @@ pub async fn handle(
     let body = LimitedBody::new(body, limit, fault.clone());
     let out = Request::from_parts(parts, body.boxed_unsync());
 
-    let timeout = gw.config.server.response_timeout;
+    let timeout = gw.live.load().server.response_timeout;
+    gw.counters.forwarded();
     let sent = tokio::time::timeout(
         timeout,
         send(gw, sender, key, reused, out, replay, &upstream, &target),
@@ -188,8 +199,7 @@ fn empty() -> OutBody {
         .boxed_unsync()
 }
 
-fn body_is_empty(body: &Incoming) -> bool {
-    use http_body::Body as _;
+fn body_is_empty<B: http_body::Body>(body: &B) -> bool {
     body.is_end_stream()
 }
 

@@ -132,7 +132,10 @@ impl TestGateway {
     pub async fn request_counts(&self) -> (u64, u64, u64, u64, u64) {
         let s = self.status().await;
         let r = &s["requests"];
-        let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("no requests.{k} in {s}"));
+        let n = |k: &str| {
+            r[k].as_u64()
+                .unwrap_or_else(|| panic!("no requests.{k} in {s}"))
+        };
         (
             n("accepted"),
             n("completed"),
