@@ -94,8 +94,8 @@ pub async fn handle(
         send(gw, sender, key, reused, out, replay, &upstream, &target),
     )
     .await;
-    let resp = match sent {
-        Ok(Ok(resp)) => resp,
+    let (resp, (key, sender)) = match sent {
+        Ok(Ok(sent)) => sent,
         // The client's body broke off or passed the limit: the client's fault, not the
         // upstream's; the upstream connection is dropped with the half-sent request.
         Ok(Err(_)) if fault.too_large() => {
@@ -121,8 +121,7 @@ pub async fn handle(
 
     let (mut parts, body) = resp.into_parts();
     if let Err(reason) = framing::check_response(&parts.headers) {
-        // The connection is not reused: its sender was recycled, but the body is dropped unread,
-        // which makes hyper close it.
+        // The connection is not reused: its sender is dropped here.
         lease.finish(crate::health::Outcome::UpstreamError);
         return Err(ProxyError::UpstreamBadResponse {
             upstream: upstream.id.clone(),
@@ -133,9 +132,27 @@ pub async fn handle(
     headers::clean_response(&mut parts.headers);
     let session = route.session.as_ref().map(|s| s.key.as_str());
     headers::annotate_response(&mut parts.headers, upstream.id.as_str(), session);
+    // What of the body has already arrived is read before the head goes to the client, so a
+    // response whose body is broken from the start becomes a clean 502.
+    let body = match limits::read_ahead(body, u64::MAX).await {
+        Ok(body) => body,
+        Err(_) => {
+            lease.finish(crate::health::Outcome::UpstreamError);
+            return Err(ProxyError::UpstreamBadResponse {
+                upstream: upstream.id.clone(),
+                reason: "malformed body",
+            });
+        }
+    };
+    // Only a connection whose response passed the checks goes back to the idle list; hyper hands
+    // it out again only once this response was read to its end.
+    gw.conns.recycle(key, sender);
     let body = Observed::new(body, lease, outcome).boxed();
     Ok(Response::from_parts(parts, body))
 }
+
+/// A connection to give back to the idle list once its response is known to be usable.
+type Recycle = (ConnKey, SendRequest<OutBody>);
 
 /// Sends `req`, once more on a fresh connection when a reused one turns out to be closed before
 /// the request could be delivered (the upstream's keep-alive timer won the race).
@@ -152,13 +169,10 @@ async fn send(
     replay: Option<http::request::Parts>,
     upstream: &Arc<Upstream>,
     target: &Target,
-) -> Result<Response<Incoming>, ProxyError> {
+) -> Result<(Response<Incoming>, Recycle), ProxyError> {
     let first = sender.try_send_request(req).await;
     let (mut sender, req) = match first {
-        Ok(resp) => {
-            gw.conns.recycle(key, sender);
-            return Ok(resp);
-        }
+        Ok(resp) => return Ok((resp, (key, sender))),
         Err(mut e) => {
             let unsent = e.take_message();
             let retry = match (reused, unsent, replay) {
@@ -182,10 +196,7 @@ async fn send(
         }
     };
     match sender.send_request(req).await {
-        Ok(resp) => {
-            gw.conns.recycle(key, sender);
-            Ok(resp)
-        }
+        Ok(resp) => Ok((resp, (key, sender))),
         Err(source) => Err(ProxyError::UpstreamProtocol {
             upstream: upstream.id.clone(),
             source,

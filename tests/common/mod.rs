@@ -21,6 +21,7 @@ pub mod fake_proxy;
 pub mod fake_socks;
 pub mod gateway;
 pub mod origin;
+pub mod raw_upstream;
 pub mod tls;
 
 // Re-exports: not every test file uses every helper.
