@@ -313,3 +313,60 @@ async fn bodies_past_the_limit_get_413() {
     assert!(text.starts_with("HTTP/1.1 413"), "{text}");
     assert!(origin.requests().iter().all(|r| r.body_len <= 1000));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tunnels_are_closed() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        for _ in 0..4 {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start_with(
+        "tunnel_idle_timeout = \"1s\"",
+        &format!(
+            "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+             [pools.default]\nupstreams = [\"{}\"]\n",
+            echo.port(),
+            upstream.url()
+        ),
+    )
+    .await;
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    // Busy for 2 s (bytes every 300 ms): stays open past the timeout.
+    for _ in 0..7 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.write_all(b"ping").await.unwrap();
+        let mut back = [0u8; 4];
+        s.read_exact(&mut back).await.unwrap();
+    }
+    let start = Instant::now();
+    let (_, closed) = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(closed, "idle tunnel kept open");
+    assert!(
+        start.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        common::wait_until_async(
+            || async { gw.status().await["tunnels"]["open"] == 0 },
+            Duration::from_secs(3)
+        )
+        .await
+    );
+}
