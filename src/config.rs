@@ -28,7 +28,8 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
 /// Client connections one client address may hold at once; more are refused like the above.
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 1_000;
 /// A keep-alive client connection with no request in flight and no bytes moving is closed after
-/// this long.
+/// this long (or after `header_read_timeout`, if shorter: hyper's head timer also runs while a
+/// connection waits for its next request).
 pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
 /// A CONNECT tunnel with no bytes moving either way is closed after this long.
 pub const DEFAULT_TUNNEL_IDLE_TIMEOUT_MS: u64 = 5 * 60_000;

@@ -370,3 +370,24 @@ async fn idle_tunnels_are_closed() {
         .await
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_request_heads_get_431() {
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = gateway("max_header_bytes = 8192", &upstream).await;
+    for head in [
+        format!(
+            "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(9000)
+        ),
+        format!(
+            "GET http://a.test/{} HTTP/1.1\r\nHost: a.test\r\n\r\n",
+            "a".repeat(9000)
+        ),
+    ] {
+        let raw = common::raw_http(gw.proxy, head.as_bytes()).await;
+        let text = String::from_utf8_lossy(&raw);
+        assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+    }
+    assert_eq!(upstream.requests(), 0);
+}

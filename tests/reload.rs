@@ -247,4 +247,7 @@ async fn five_reloads_under_load_drop_nothing() {
     assert_eq!(st["pools"][0]["upstreams_total"], 4);
     assert_eq!(st["tunnels"]["open"], 3);
     eprintln!("reload under load: {ok} requests, 0 failed, 3 tunnels kept");
+    drop(tunnels);
+    let (_, leases_left) = gw.shutdown_counting_leases().await;
+    assert_eq!(leases_left, 0);
 }
