@@ -260,6 +260,15 @@ async fn leases_live(gw: &Gateway) -> u64 {
 /// Runs the gateway until SIGTERM/SIGINT, then drains; SIGHUP reloads the config from
 /// `config_path`. Returns the process exit status.
 pub async fn run(config: Config, config_path: Option<PathBuf>) -> i32 {
+    // Registered before the listeners announce themselves: a SIGHUP that arrived between the two
+    // would otherwise end the process (its default action).
+    let mut signals = match shutdown::Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for signals");
+            return 1;
+        }
+    };
     let options = StartOptions {
         config_path,
         ..StartOptions::default()
@@ -269,13 +278,6 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> i32 {
         Err(e) => {
             tracing::error!(error = %e, "poolgate failed to start");
             eprintln!("poolgate: {e}");
-            return 1;
-        }
-    };
-    let mut signals = match shutdown::Signals::new() {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for signals");
             return 1;
         }
     };
