@@ -2,6 +2,7 @@
 //! shutdown sequence.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,20 +11,38 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::accounting::Counters;
 use crate::admin::metrics::Metrics;
+use crate::admit::TargetPolicy;
+use crate::auth::Authenticator;
 use crate::config::{Config, StoreConfig};
 use crate::health::classify::CaptchaRules;
+use crate::limits::ClientConns;
 use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::memory::MemoryStore;
 use crate::store::{AnyStore, Store};
-use crate::upstream::connect::Connector;
+use crate::upstream::connect::{Connector, Resolve};
 use crate::upstream::reuse::ConnPool;
 use crate::upstream::tls::{self, TlsSetupError};
-use crate::{admin, health, proxy, server, shutdown};
+use crate::{admin, health, proxy, reload, server, shutdown};
 
 /// How often idle upstream connections past their timeout are closed.
 const IDLE_SWEEP_INTERVAL: Duration = Duration::from_secs(15);
+/// After the grace period, tunnels are closed and their leases released; this bounds the wait
+/// for those releases.
+const LEASE_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to start, beyond the config.
+#[derive(Clone, Default)]
+pub struct StartOptions {
+    /// The file the config came from; SIGHUP and `POST /admin/reload` re-read it.
+    pub config_path: Option<PathBuf>,
+    /// Resolves target names for `direct://` and `socks5://` upstreams (tests map names to
+    /// loopback); the system resolver when `None`.
+    pub resolver: Option<Arc<dyn Resolve>>,
+}
+
 /// How often cool-downs are checked; the granularity of a quarantine's end.
 const HEALTH_TICK_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -70,6 +89,10 @@ pub enum Drained {
 }
 
 pub async fn start(config: Config) -> Result<Running, StartError> {
+    start_with(config, StartOptions::default()).await
+}
+
+pub async fn start_with(config: Config, options: StartOptions) -> Result<Running, StartError> {
     let config = Arc::new(config);
     let store = match &config.store {
         StoreConfig::Memory => AnyStore::Memory(MemoryStore::new()),
@@ -88,14 +111,25 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .map_err(|e| StartError::Store(e.to_string()))?;
     }
     let server = &config.server;
-    let connector = Connector::new(
-        tls::client_config(&config.upstream_tls)?,
-        server.connect_timeout,
-    );
     let proxy_listener = bind("server.listen", server.listen).await?;
     let admin_listener = bind("server.admin_listen", server.admin_listen).await?;
     let proxy_addr = local_addr("server.listen", &proxy_listener)?;
     let admin_addr = local_addr("server.admin_listen", &admin_listener)?;
+    let policy = Arc::new(ArcSwap::from_pointee(TargetPolicy::new(
+        config.policy.clone(),
+        vec![proxy_addr, admin_addr],
+    )));
+    let guard_policy = policy.clone();
+    let mut connector = Connector::new(
+        tls::client_config(&config.upstream_tls)?,
+        server.connect_timeout,
+    )
+    .with_guard(Arc::new(move |target, addr| {
+        guard_policy.load().allows_resolved(target, addr)
+    }));
+    if let Some(resolver) = options.resolver {
+        connector = connector.with_resolver(resolver);
+    }
 
     let gw = Arc::new(Gateway {
         conns: Arc::new(ConnPool::new(
@@ -112,21 +146,31 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         shutdown: CancellationToken::new(),
         started: std::time::Instant::now(),
         instance_id: instance_id(),
+        live: ArcSwap::new(config.clone()),
         config: config.clone(),
+        policy,
+        auth: Authenticator::new(),
+        client_conns: ClientConns::new(),
+        counters: Counters::new(),
+        config_path: options.config_path,
+        reloads: tokio::sync::Mutex::new(reload::ReloadLog {
+            generation: 1,
+            ..Default::default()
+        }),
+        tunnels_stop: CancellationToken::new(),
     });
 
     let mut listeners = tokio::task::JoinSet::new();
-    let max = config.server.max_connections as usize;
     listeners.spawn(server::serve(
         gw.clone(),
         proxy_listener,
-        max,
-        |gw, req, _peer| proxy::handle(gw, req),
+        server::Listener::Proxy,
+        proxy::handle,
     ));
     listeners.spawn(server::serve(
         gw.clone(),
         admin_listener,
-        64,
+        server::Listener::Admin,
         |gw, req, _peer| admin::handle(gw, req),
     ));
     let ticker = gw.clone();
@@ -194,16 +238,38 @@ impl Running {
     }
 
     /// Begins shutdown (if not yet begun) and waits for in-flight work, at most the grace period.
+    /// Tunnels still open then are closed and their leases released before this returns.
     pub async fn shutdown(mut self) -> Drained {
         self.begin_shutdown();
         while self.listeners.join_next().await.is_some() {}
         self.gw.conns.clear();
         self.gw.tasks.close();
-        let grace = self.gw.config.server.shutdown_grace;
-        match tokio::time::timeout(grace, self.gw.tasks.wait()).await {
+        let grace = self.gw.live.load().server.shutdown_grace;
+        let drained = match tokio::time::timeout(grace, self.gw.tasks.wait()).await {
             Ok(()) => Drained::Clean,
             Err(_) => Drained::GraceExpired,
+        };
+        if drained == Drained::GraceExpired {
+            // Close what is still open; each tunnel releases its lease as it ends.
+            self.gw.tunnels_stop.cancel();
+            if tokio::time::timeout(LEASE_RELEASE_TIMEOUT, self.gw.tasks.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!("some work did not end after its tunnel was closed");
+            }
         }
+        drained
+    }
+
+    /// Leases still live in the store, over every pool (0 after a clean shutdown).
+    pub async fn leases_live(&self) -> u64 {
+        leases_live(&self.gw).await
+    }
+
+    /// Re-reads the config file and applies it (what SIGHUP does).
+    pub async fn reload(&self) -> Result<reload::ReloadSummary, reload::ReloadError> {
+        reload::reload(&self.gw).await
     }
 
     pub fn gateway(&self) -> &Arc<Gateway> {
@@ -211,9 +277,33 @@ impl Running {
     }
 }
 
-/// Runs the gateway until SIGTERM/SIGINT, then drains. Returns the process exit status.
-pub async fn run(config: Config) -> i32 {
-    let running = match start(config).await {
+async fn leases_live(gw: &Gateway) -> u64 {
+    let mut n = 0;
+    for pool in gw.pools.load().iter() {
+        if let Ok(st) = gw.store.status(pool.name()).await {
+            n += st.members.iter().map(|m| m.leases_live).sum::<u64>();
+        }
+    }
+    n
+}
+
+/// Runs the gateway until SIGTERM/SIGINT, then drains; SIGHUP reloads the config from
+/// `config_path`. Returns the process exit status.
+pub async fn run(config: Config, config_path: Option<PathBuf>) -> i32 {
+    // Registered before the listeners announce themselves: a SIGHUP that arrived between the two
+    // would otherwise end the process (its default action).
+    let mut signals = match shutdown::Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for signals");
+            return 1;
+        }
+    };
+    let options = StartOptions {
+        config_path,
+        ..StartOptions::default()
+    };
+    let running = match start_with(config, options).await {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "poolgate failed to start");
@@ -221,27 +311,35 @@ pub async fn run(config: Config) -> i32 {
             return 1;
         }
     };
-    match shutdown::terminate().await {
-        Ok(sig) => tracing::info!(signal = sig, "shutting down: draining in-flight work"),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for signals");
-            return 1;
+    loop {
+        match signals.next().await {
+            shutdown::Signal::Reload => {
+                // Success and failure are logged by the reload itself.
+                let _ = running.reload().await;
+            }
+            shutdown::Signal::Terminate(sig) => {
+                tracing::info!(signal = sig, "shutting down: draining in-flight work");
+                break;
+            }
         }
     }
-    let grace = running.gw.config.server.shutdown_grace;
+    let grace = running.gw.live.load().server.shutdown_grace;
+    let gw = running.gw.clone();
     tokio::select! {
-        drained = running.shutdown() => match drained {
-            Drained::Clean => {
-                tracing::info!("shutdown complete: all work finished");
-                0
+        drained = running.shutdown() => {
+            let leases_left = leases_live(&gw).await;
+            match drained {
+                Drained::Clean => {
+                    tracing::info!(leases_left, "shutdown complete: all work finished");
+                }
+                Drained::GraceExpired => {
+                    tracing::warn!(grace_ms = grace.as_millis() as u64, leases_left, "shutdown complete: grace expired, open tunnels were closed");
+                }
             }
-            Drained::GraceExpired => {
-                tracing::warn!(grace_ms = grace.as_millis() as u64, "shutdown grace expired with work still open");
-                0
-            }
+            0
         },
-        sig = shutdown::terminate() => {
-            tracing::warn!(signal = sig.unwrap_or("?"), "second signal: exiting without waiting");
+        sig = signals.next_terminate() => {
+            tracing::warn!(signal = sig, "second signal: exiting without waiting");
             1
         }
     }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,7 +23,20 @@ pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 /// Largest request head (request line + headers) accepted from a client.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 pub const MIN_MAX_HEADER_BYTES: usize = 8 * 1024;
+/// Client connections served at once; connections past it are refused (503 and close).
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 10_000;
+/// Client connections one client address may hold at once; more are refused like the above.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: u32 = 1_000;
+/// A keep-alive client connection with no request in flight and no bytes moving is closed after
+/// this long (or after `header_read_timeout`, if shorter: hyper's head timer also runs while a
+/// connection waits for its next request).
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// A CONNECT tunnel with no bytes moving either way is closed after this long.
+pub const DEFAULT_TUNNEL_IDLE_TIMEOUT_MS: u64 = 5 * 60_000;
+/// Largest request body forwarded (bytes); bodies stream through, nothing is buffered.
+pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 100 * 1024 * 1024;
+/// Longest user name accepted in `[auth.users]`.
+pub const MAX_USER_NAME_LEN: usize = 128;
 /// How long in-flight requests and tunnels get to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
 /// Bound on DNS + TCP + TLS + CONNECT/SOCKS handshake to an upstream.
@@ -58,6 +71,8 @@ struct FileConfig {
     upstream_tls: FileUpstreamTls,
     #[serde(default)]
     captcha: FileCaptcha,
+    #[serde(default)]
+    auth: FileAuth,
     #[serde(default)]
     pools: BTreeMap<String, FilePool>,
 }
@@ -113,6 +128,10 @@ struct FileServer {
     response_timeout: Option<String>,
     upstream_idle_timeout: Option<String>,
     upstream_max_idle_per_key: Option<usize>,
+    max_connections_per_client: Option<u32>,
+    idle_timeout: Option<String>,
+    tunnel_idle_timeout: Option<String>,
+    max_request_body_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -127,6 +146,22 @@ struct FileStore {
 struct FilePolicy {
     connect_ports: Option<Vec<u16>>,
     allow_private_targets: Option<bool>,
+    allow_targets: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileAuth {
+    client_cidrs: Option<Vec<String>>,
+    #[serde(default)]
+    users: BTreeMap<String, FileUser>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileUser {
+    password_hash: Option<String>,
+    pools: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -163,6 +198,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub upstream_tls: UpstreamTlsConfig,
     pub captcha: CaptchaConfig,
+    /// Who may use the proxy.
+    pub auth: AuthConfig,
     /// Pools by name; never empty.
     pub pools: BTreeMap<String, PoolConfig>,
     /// The pool used when a request names none.
@@ -183,6 +220,14 @@ pub struct ServerConfig {
     pub response_timeout: Duration,
     pub upstream_idle_timeout: Duration,
     pub upstream_max_idle_per_key: usize,
+    /// Connections one client IP may hold at once.
+    pub max_connections_per_client: u32,
+    /// Keep-alive client connections idle this long are closed.
+    pub idle_timeout: Duration,
+    /// Tunnels with no bytes moving this long are closed.
+    pub tunnel_idle_timeout: Duration,
+    /// Largest request body forwarded; larger ones get 413.
+    pub max_request_body_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -209,6 +254,69 @@ pub struct PolicyConfig {
     /// Lets clients reach loopback, private, link-local and metadata addresses. Off by default:
     /// an open path into the gateway's own network is the classic forward-proxy hole.
     pub allow_private_targets: bool,
+    /// Internal targets allowed all the same: networks (an address is a /32 or /128) and exact
+    /// host names. A name listed here may also resolve to internal addresses for `direct://`.
+    pub allow_targets: TargetAllowList,
+}
+
+/// The "explicitly allowed" internal targets of `policy.allow_targets`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetAllowList {
+    pub networks: Vec<ipnet::IpNet>,
+    /// Lower-case, without a trailing dot.
+    pub hosts: Vec<String>,
+}
+
+impl TargetAllowList {
+    pub fn allows_ip(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.networks.iter().any(|n| n.contains(&ip))
+    }
+
+    pub fn allows_host(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.');
+        self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
+    }
+}
+
+/// Client authentication and the client allowlist.
+#[derive(Clone, Debug, Default)]
+pub struct AuthConfig {
+    /// Clients allowed to use the proxy, by address; `None` allows every client.
+    pub client_cidrs: Option<Vec<ipnet::IpNet>>,
+    /// Users by name. When there is at least one, every proxy request must authenticate.
+    pub users: BTreeMap<String, UserConfig>,
+}
+
+impl AuthConfig {
+    pub fn required(&self) -> bool {
+        !self.users.is_empty()
+    }
+
+    pub fn client_allowed(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.client_cidrs
+            .as_ref()
+            .is_none_or(|nets| nets.iter().any(|n| n.contains(&ip)))
+    }
+}
+
+/// One user of the proxy. `Debug` does not print the hash.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UserConfig {
+    /// PHC string (`$argon2id$...`) from `poolgate hash-password`.
+    pub password_hash: String,
+    /// Pools this user may use; `None` is every pool.
+    pub pools: Option<Vec<String>>,
+}
+
+impl fmt::Debug for UserConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserConfig")
+            .field("password_hash", &"<redacted>")
+            .field("pools", &self.pools)
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -433,6 +541,19 @@ impl Config {
     }
 }
 
+/// A DNS name: dot-separated labels of letters, digits, '-' and '_' (no IP literal).
+fn is_host_name(s: &str) -> bool {
+    let s = s.trim_end_matches('.');
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
 fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
     let msg = e.message().trim();
     match e.span() {
@@ -501,6 +622,7 @@ impl Validator {
         let store = self.store(&f.store);
         let policy = self.policy(&f.policy);
         let captcha = self.captcha(f.captcha);
+        let auth = self.auth(&f.auth);
         let upstream_tls = UpstreamTlsConfig {
             ca_file: f.upstream_tls.ca_file.as_deref().map(|p| self.path(p)),
             system_roots: f.upstream_tls.system_roots.unwrap_or(true),
@@ -550,12 +672,23 @@ impl Validator {
         if server.listen == server.admin_listen && server.listen.port() != 0 {
             self.problem("server.admin_listen", "must differ from server.listen");
         }
+        for (name, user) in &auth.users {
+            for pool in user.pools.iter().flatten() {
+                if !pools.contains_key(pool) && !pools.is_empty() {
+                    self.problem(
+                        &format!("auth.users.{name}.pools"),
+                        format!("no pool named `{pool}`"),
+                    );
+                }
+            }
+        }
         Some(Config {
             server,
             store,
             policy,
             upstream_tls,
             captcha,
+            auth,
             pools,
             default_pool,
         })
@@ -572,6 +705,21 @@ impl Validator {
         let max_connections = s.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
         if max_connections == 0 {
             self.problem("server.max_connections", "must be greater than zero");
+        }
+        let max_connections_per_client = s
+            .max_connections_per_client
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_CLIENT);
+        if max_connections_per_client == 0 {
+            self.problem(
+                "server.max_connections_per_client",
+                "must be greater than zero",
+            );
+        }
+        let max_request_body_bytes = s
+            .max_request_body_bytes
+            .unwrap_or(DEFAULT_MAX_REQUEST_BODY_BYTES);
+        if max_request_body_bytes == 0 {
+            self.problem("server.max_request_body_bytes", "must be greater than zero");
         }
         if s.admin_token.as_deref().is_some_and(|t| t.len() < 16) {
             self.problem("server.admin_token", "must be at least 16 characters");
@@ -614,6 +762,18 @@ impl Validator {
             upstream_max_idle_per_key: s
                 .upstream_max_idle_per_key
                 .unwrap_or(DEFAULT_UPSTREAM_MAX_IDLE_PER_KEY),
+            max_connections_per_client,
+            idle_timeout: self.duration(
+                "server.idle_timeout",
+                s.idle_timeout.as_deref(),
+                DEFAULT_IDLE_TIMEOUT_MS,
+            ),
+            tunnel_idle_timeout: self.duration(
+                "server.tunnel_idle_timeout",
+                s.tunnel_idle_timeout.as_deref(),
+                DEFAULT_TUNNEL_IDLE_TIMEOUT_MS,
+            ),
+            max_request_body_bytes,
         }
     }
 
@@ -652,9 +812,106 @@ impl Validator {
         if connect_ports.contains(&0) {
             self.problem("policy.connect_ports", "port 0 is not a port");
         }
+        let mut allow_targets = TargetAllowList::default();
+        for (i, entry) in p.allow_targets.iter().flatten().enumerate() {
+            let key = format!("policy.allow_targets[{i}]");
+            let entry = entry.trim();
+            if let Ok(net) = entry.parse::<ipnet::IpNet>() {
+                allow_targets.networks.push(net);
+            } else if let Ok(ip) = entry
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+            {
+                allow_targets
+                    .networks
+                    .push(ipnet::IpNet::from(ip.to_canonical()));
+            } else if is_host_name(entry) {
+                allow_targets
+                    .hosts
+                    .push(entry.trim_end_matches('.').to_ascii_lowercase());
+            } else {
+                self.problem(
+                    &key,
+                    format!("`{entry}` is neither a network (\"10.1.0.0/16\"), an address nor a host name"),
+                );
+            }
+        }
         PolicyConfig {
             connect_ports,
             allow_private_targets: p.allow_private_targets.unwrap_or(false),
+            allow_targets,
+        }
+    }
+
+    fn auth(&mut self, a: &FileAuth) -> AuthConfig {
+        let client_cidrs = a.client_cidrs.as_ref().map(|list| {
+            let mut nets = Vec::new();
+            for (i, entry) in list.iter().enumerate() {
+                let entry = entry.trim();
+                match entry.parse::<ipnet::IpNet>() {
+                    Ok(n) => nets.push(n),
+                    Err(_) => match entry.parse::<IpAddr>() {
+                        Ok(ip) => nets.push(ipnet::IpNet::from(ip.to_canonical())),
+                        Err(_) => self.problem(
+                            &format!("auth.client_cidrs[{i}]"),
+                            format!("`{entry}` is not a network like \"10.0.0.0/8\" or an address"),
+                        ),
+                    },
+                }
+            }
+            nets
+        });
+        let mut users = BTreeMap::new();
+        for (name, u) in &a.users {
+            let key = format!("auth.users.{name}");
+            if name.is_empty()
+                || name.len() > MAX_USER_NAME_LEN
+                || name.contains(':')
+                || name.bytes().any(|b| b <= b' ' || b == 0x7f)
+            {
+                self.problem(
+                    &key,
+                    format!(
+                        "user names are 1 to {MAX_USER_NAME_LEN} visible characters without ':'"
+                    ),
+                );
+            }
+            let password_hash = match &u.password_hash {
+                None => {
+                    self.problem(
+                        &format!("{key}.password_hash"),
+                        "required: make one with `poolgate hash-password`",
+                    );
+                    String::new()
+                }
+                // Never echo the value: a plain password pasted here by mistake stays private.
+                Some(h) if crate::auth::check_hash(h).is_err() => {
+                    self.problem(
+                        &format!("{key}.password_hash"),
+                        "not an argon2 hash (expected `$argon2id$...`, from `poolgate hash-password`)",
+                    );
+                    String::new()
+                }
+                Some(h) => h.clone(),
+            };
+            if u.pools.as_ref().is_some_and(Vec::is_empty) {
+                self.problem(
+                    &format!("{key}.pools"),
+                    "must name at least one pool (omit it for every pool)",
+                );
+            }
+            users.insert(
+                name.clone(),
+                UserConfig {
+                    password_hash,
+                    pools: u.pools.clone(),
+                },
+            );
+        }
+        AuthConfig {
+            client_cidrs,
+            users,
         }
     }
 

@@ -36,6 +36,23 @@ pub enum ProxyError {
     BadUsername(#[source] SessionError),
     #[error("unknown pool `{0}`")]
     UnknownPool(String),
+    /// No, or wrong, proxy credentials where the gateway requires them.
+    #[error(
+        "proxy authentication required: send Proxy-Authorization: Basic <base64 of user:password>"
+    )]
+    AuthRequired,
+    /// The client's address is not in `auth.client_cidrs`.
+    #[error("this client address may not use the proxy")]
+    ClientDenied,
+    /// The authenticated user may not use the pool the request asked for.
+    #[error("user may not use pool `{0}`")]
+    PoolDenied(String),
+    /// The request body is larger than `server.max_request_body_bytes`.
+    #[error("request body larger than {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    /// The client's request body broke off or was malformed mid-stream (bad chunk framing).
+    #[error("the request body is malformed or ended early")]
+    BadRequestBody,
     #[error("target denied: {0}")]
     TargetDenied(&'static str),
     #[error("every upstream of the pool is at its concurrency limit")]
@@ -61,6 +78,13 @@ pub enum ProxyError {
         upstream: UpstreamId,
         #[source]
         source: hyper::Error,
+    },
+    /// The upstream's response cannot be passed on faithfully (e.g. a transfer coding the
+    /// gateway would have to drop).
+    #[error("upstream {upstream} sent an unusable response: {reason}")]
+    UpstreamBadResponse {
+        upstream: UpstreamId,
+        reason: &'static str,
     },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -97,6 +121,23 @@ impl ProxyError {
                 "unknown-pool",
                 "http_request_error",
             ),
+            AuthRequired => (
+                StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                "auth-required",
+                "http_request_denied",
+            ),
+            ClientDenied => (
+                StatusCode::FORBIDDEN,
+                "client-denied",
+                "http_request_denied",
+            ),
+            PoolDenied(_) => (StatusCode::FORBIDDEN, "pool-denied", "http_request_denied"),
+            BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "http_request_error",
+            ),
+            BadRequestBody => (StatusCode::BAD_REQUEST, "bad-request", "http_request_error"),
             TargetDenied(_) => (
                 StatusCode::FORBIDDEN,
                 "target-denied",
@@ -134,7 +175,7 @@ impl ProxyError {
                 "upstream-timeout",
                 "http_response_timeout",
             ),
-            UpstreamProtocol { .. } => (
+            UpstreamProtocol { .. } | UpstreamBadResponse { .. } => (
                 StatusCode::BAD_GATEWAY,
                 "upstream-bad-response",
                 "http_protocol_error",
@@ -189,7 +230,8 @@ impl ProxyError {
             ProxyError::SessionUpstreamUnavailable { upstream, .. }
             | ProxyError::UpstreamConnect { upstream, .. }
             | ProxyError::UpstreamTimeout { upstream }
-            | ProxyError::UpstreamProtocol { upstream, .. } => {
+            | ProxyError::UpstreamProtocol { upstream, .. }
+            | ProxyError::UpstreamBadResponse { upstream, .. } => {
                 if let Ok(v) = HeaderValue::from_str(upstream.as_str()) {
                     h.insert("x-pool-upstream", v);
                 }

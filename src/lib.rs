@@ -8,12 +8,16 @@
 //! - [`config`]: the TOML file → a validated [`config::Config`].
 //! - [`app`]: builds the shared [`state::Gateway`], binds listeners, owns shutdown.
 //! - [`shutdown`]: signals and what each one means.
-//! - [`server`]: accept loop and per-connection hyper service.
-//! - [`admit`]: target policy (ports, internal addresses).
+//! - [`reload`]: config reload (SIGHUP, `POST /admin/reload`) without dropping work.
+//! - [`server`]: accept loop (connection limits) and per-connection hyper service.
+//! - [`limits`]: connection limits, idle timeouts, request body limit.
+//! - [`accounting`]: accepted = completed + rejected + failed + in flight.
+//! - [`admit`]: client allowlist and target policy (ports, internal addresses, own listeners).
+//! - [`auth`]: proxy credentials against argon2 hashes, with a cache of successful checks.
 //! - [`session`]: session key, pool and lifetime from headers and proxy usernames.
 //! - [`proxy`]: the request path: [`proxy::forward`] (absolute-form), [`proxy::tunnel`]
-//!   (CONNECT), [`proxy::headers`] (hygiene), [`proxy::observe`] (lease held while the body
-//!   streams).
+//!   (CONNECT), [`proxy::framing`] (what is refused so nothing is framed two ways),
+//!   [`proxy::headers`] (hygiene), [`proxy::observe`] (lease held while the body streams).
 //! - [`pool`]: pools, [`pool::select`] (which upstream), [`pool::rendezvous`] (sticky placement),
 //!   [`pool::lease`].
 //! - [`store`]: the [`store::Store`] interface and its backends.
@@ -24,19 +28,24 @@
 //! - [`error`]: the one error type and its one error → response function.
 //!
 //! # Request flow
-//! `server → proxy::handle → admit → session → pool::select → store::acquire →
-//! upstream::connect → proxy::{forward | tunnel} → health::classify → store::release`
+//! `server (limits) → proxy::handle (framing) → admit (client) → session → auth → admit
+//! (target) → pool::select → store::acquire → upstream::connect (resolved-address policy) →
+//! proxy::{forward | tunnel} → health::classify → store::release`
 
 #![forbid(unsafe_code)]
 
+pub mod accounting;
 pub mod admin;
 pub mod admit;
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod health;
+pub mod limits;
 pub mod pool;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 pub mod session;
 pub mod shutdown;

@@ -33,6 +33,9 @@ enum Command {
     Run,
     /// Validate the config file and exit: 0 when valid, non-zero with every problem listed.
     Check,
+    /// Read a password from standard input (one line) and print its argon2 hash, for
+    /// `password_hash` in `[auth.users.<name>]`.
+    HashPassword,
     /// Print the admin /status of a running gateway.
     Status {
         /// Admin address; defaults to the config's server.admin_listen.
@@ -81,10 +84,32 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let code = rt.block_on(poolgate::app::run(config));
+            let code = rt.block_on(poolgate::app::run(config, Some(cli.config.clone())));
             // Tunnels still open after the grace period are abandoned, not awaited.
             rt.shutdown_timeout(std::time::Duration::from_millis(100));
             ExitCode::from(code as u8)
+        }
+        Command::HashPassword => {
+            let mut line = String::new();
+            if let Err(e) = std::io::stdin().read_line(&mut line) {
+                eprintln!("poolgate hash-password: cannot read standard input: {e}");
+                return ExitCode::FAILURE;
+            }
+            let password = line.trim_end_matches(['\r', '\n']);
+            if password.is_empty() {
+                eprintln!("poolgate hash-password: give the password on standard input");
+                return ExitCode::from(EXIT_BAD_CONFIG);
+            }
+            match poolgate::auth::hash_password(password) {
+                Ok(hash) => {
+                    println!("{hash}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("poolgate hash-password: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Status { admin, json } => {
             let addr = match admin {

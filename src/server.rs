@@ -1,8 +1,14 @@
 //! Listeners: the accept loop and one hyper HTTP/1.1 connection per client.
 //!
-//! A connection permit is taken before `accept()`, so a flood waits in the kernel's backlog instead
-//! of growing our memory; accept errors (out of file descriptors, mostly) back off and never end
-//! the loop. Connection tasks live on the gateway's task tracker: shutdown asks each one to finish
+//! Connection limits are checked right after `accept()`: a connection past `max_connections`, or
+//! past `max_connections_per_client` for its address, gets a one-line 503 and is closed at once,
+//! so a flood is refused quickly instead of piling up, and connections already open are never
+//! touched. Accept errors (out of file descriptors, mostly) back off and never end the loop.
+//!
+//! Each connection runs under the limits in force when it was accepted: `header_read_timeout`
+//! (a slow client sending its head byte by byte is cut off), `max_header_bytes` (431), and
+//! `idle_timeout` (a keep-alive connection with no request in flight and no bytes moving is
+//! closed). Connection tasks live on the gateway's task tracker: shutdown asks each one to finish
 //! its in-flight request and close, then waits for them.
 
 use std::convert::Infallible;
@@ -12,39 +18,45 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
+use crate::limits::{self, Activity, ClientConns, ConnSlot, Guarded, Tracked};
 use crate::proxy::Body;
 use crate::state::Gateway;
 
 const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Connections the admin listener serves at once.
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// Header lines accepted in one request head.
+pub const MAX_REQUEST_HEADERS: usize = 128;
+
+/// Which listener a loop serves: the limits differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// The proxy port: limits from the config in force.
+    Proxy,
+    /// The admin port: a small fixed limit.
+    Admin,
+}
 
 /// Runs the accept loop until shutdown, serving each connection with `service`.
-pub async fn serve<S, F>(
-    gw: Arc<Gateway>,
-    listener: TcpListener,
-    max_connections: usize,
-    service: S,
-) where
+pub async fn serve<S, F>(gw: Arc<Gateway>, listener: TcpListener, kind: Listener, service: S)
+where
     S: Fn(Arc<Gateway>, Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let permits = Arc::new(Semaphore::new(max_connections));
+    let conns = match kind {
+        Listener::Proxy => gw.client_conns.clone(),
+        Listener::Admin => ClientConns::new(),
+    };
     let mut backoff = ACCEPT_BACKOFF_START;
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = gw.shutdown.cancelled() => break,
-        };
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = gw.shutdown.cancelled() => break,
@@ -64,39 +76,83 @@ pub async fn serve<S, F>(
                 continue;
             }
         };
+        let (max_total, max_per_client) = match kind {
+            Listener::Proxy => {
+                let live = gw.live.load();
+                (
+                    live.server.max_connections as usize,
+                    live.server.max_connections_per_client,
+                )
+            }
+            Listener::Admin => (MAX_ADMIN_CONNECTIONS, MAX_ADMIN_CONNECTIONS as u32),
+        };
+        let slot = match conns.try_admit(peer.ip(), max_total, max_per_client) {
+            Ok(slot) => slot,
+            Err(refusal) => {
+                tracing::debug!(peer = %peer, limit = refusal.as_str(), "connection refused");
+                // Best effort and never blocking: the accept loop must not wait on a client.
+                let _ = stream.try_write(limits::refusal_response(refusal).as_bytes());
+                drop(stream);
+                continue;
+            }
+        };
         let gw2 = gw.clone();
         let service = service.clone();
         gw.tasks.spawn(async move {
-            serve_connection(gw2, stream, peer, service).await;
-            drop(permit);
+            serve_connection(gw2, stream, peer, slot, service).await;
         });
     }
 }
 
-async fn serve_connection<S, F>(gw: Arc<Gateway>, stream: TcpStream, peer: SocketAddr, service: S)
-where
+async fn serve_connection<S, F>(
+    gw: Arc<Gateway>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _slot: ConnSlot,
+    service: S,
+) where
     S: Fn(Arc<Gateway>, Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let _ = stream.set_nodelay(true);
-    let server = &gw.config.server;
+    let live = gw.live.load_full();
+    let server = &live.server;
+    let activity = Activity::new();
     let svc_gw = gw.clone();
+    let svc_activity = activity.clone();
     let svc = service_fn(move |req| {
+        // In flight until the response body has been sent: the connection is not idle then.
+        let busy = svc_activity.busy();
         let fut = service(svc_gw.clone(), req, peer);
-        async move { Ok::<_, Infallible>(fut.await) }
+        async move {
+            let resp = fut.await;
+            Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, busy).boxed()))
+        }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(server.header_read_timeout)
         .max_buf_size(server.max_header_bytes)
-        .serve_connection(TokioIo::new(stream), svc)
+        .max_headers(MAX_REQUEST_HEADERS)
+        // A client that shuts down its sending side after its request still gets the answer.
+        .half_close(true)
+        .serve_connection(TokioIo::new(Tracked::new(stream, activity.clone())), svc)
         .with_upgrades();
     tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = gw.shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let idle_timeout = server.idle_timeout;
+    let mut closing = false;
+    let result = loop {
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            _ = gw.shutdown.cancelled(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = limits::idle(&activity, idle_timeout), if !closing => {
+                tracing::debug!(peer = %peer, "closing idle client connection");
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
         }
     };
     if let Err(e) = result {

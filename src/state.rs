@@ -6,17 +6,40 @@ use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::accounting::Counters;
 use crate::admin::metrics::Metrics;
+use crate::admit::TargetPolicy;
+use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::health;
 use crate::health::classify::CaptchaRules;
+use crate::limits::ClientConns;
 use crate::pool::PoolSet;
 use crate::store::AnyStore;
 use crate::upstream::connect::Connector;
 use crate::upstream::reuse::ConnPool;
 
 pub struct Gateway {
+    /// The config the process started with: listener addresses and the store, which a reload
+    /// cannot change. What may change is read from [`Gateway::live`].
     pub config: Arc<Config>,
+    /// The config in force; replaced whole by a reload.
+    pub live: ArcSwap<Config>,
+    /// Target policy in force with the gateway's own listener addresses; shared with the
+    /// connector, which applies it to resolved addresses of `direct://` targets.
+    pub policy: Arc<ArcSwap<TargetPolicy>>,
+    /// Checks proxy credentials and remembers successful checks.
+    pub auth: Authenticator,
+    /// Open client connections, for the connection limits.
+    pub client_conns: Arc<ClientConns>,
+    /// Requests accepted/completed/rejected/failed, tunnels open.
+    pub counters: Arc<Counters>,
+    /// The config file, re-read on reload (`None` when started from text).
+    pub config_path: Option<std::path::PathBuf>,
+    /// Serialises reloads and counts them.
+    pub reloads: tokio::sync::Mutex<crate::reload::ReloadLog>,
+    /// Cancelled when the shutdown grace has run out: open tunnels close then.
+    pub tunnels_stop: CancellationToken,
     /// Read once per request without a lock; replaced whole on reload.
     pub pools: ArcSwap<PoolSet>,
     pub store: Arc<AnyStore>,

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::gateway::GatewayProcess;
@@ -150,4 +151,45 @@ async fn sigterm_lets_20_in_flight_requests_finish_then_exits_zero() {
 
     // Nothing listens any more.
     assert!(tokio::net::TcpStream::connect(&proxy).await.is_err());
+}
+
+#[test]
+fn hash_password_prints_an_argon2_hash_that_verifies() {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(BIN)
+        .arg("hash-password")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"correct horse battery\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(hash.starts_with("$argon2id$"), "{hash}");
+    assert!(!hash.contains("correct horse"));
+    // It is accepted as a user's password_hash.
+    let text = format!(
+        "[auth.users.alice]\npassword_hash = \"{hash}\"\n[pools.default]\nupstreams = [\"direct://\"]\n"
+    );
+    let config = poolgate::config::Config::parse(&text, "t", None).unwrap();
+    assert!(config.auth.required());
+    // A plain password pasted by mistake is refused without being echoed.
+    let err = poolgate::config::Config::parse(&text.replace(&hash, "hunter2-plain"), "t", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("auth.users.alice.password_hash") && !err.contains("hunter2"),
+        "{err}"
+    );
 }

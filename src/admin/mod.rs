@@ -1,5 +1,5 @@
 //! The admin listener: `/status` (JSON), `/metrics` (Prometheus), `/dashboard`, `/healthz`,
-//! `/readyz`, and token-protected admin actions under `/admin/`.
+//! `/readyz`, `POST /admin/reload` and the other token-protected admin actions under `/admin/`.
 
 pub mod actions;
 pub mod client;
@@ -37,6 +37,8 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
             }
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
+        (&Method::POST, "/admin/reload") => crate::reload::admin_reload(&gw, &req).await,
+        (_, "/admin/reload") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, "/metrics") => match gw.metrics.render(&status::collect(&gw).await) {
             Ok(body) => {
                 let mut r = full(StatusCode::OK, body);

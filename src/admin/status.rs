@@ -14,6 +14,9 @@ pub struct Status {
     pub uptime_s: u64,
     pub store: StoreStatus,
     pub pools: Vec<PoolView>,
+    /// Requests, tunnels, connections and config generation (see `crate::accounting`).
+    #[serde(flatten)]
+    pub traffic: crate::accounting::TrafficView,
 }
 
 #[derive(Serialize)]
@@ -97,7 +100,7 @@ pub async fn collect(gw: &Gateway) -> Status {
             .collect();
         views.push(PoolView {
             name: pool.name().to_string(),
-            default: pool.name() == gw.config.default_pool,
+            default: pool.name() == gw.live.load().default_pool,
             strategy: pool.config.strategy.as_str(),
             max_concurrency: pool.config.max_concurrency.map(|n| n.get()),
             upstreams_total: pool.config.upstreams.len(),
@@ -125,5 +128,6 @@ pub async fn collect(gw: &Gateway) -> Status {
             health: if store_ok { "ok" } else { "degraded" },
         },
         pools: views,
+        traffic: crate::accounting::TrafficView::collect(gw).await,
     }
 }

@@ -86,6 +86,27 @@ impl PoolSet {
         }
     }
 
+    /// The pools of a reloaded config. Upstreams that left a pool stay findable by id (not
+    /// selectable: the store no longer offers them), so leases and grants that raced the reload
+    /// still find their upstream.
+    pub fn after_reload(config: &Config, old: &PoolSet, health: &health::Registry) -> Self {
+        let mut set = Self::from_config(config, health);
+        for (name, pool) in set.pools.iter_mut() {
+            let Some(old_pool) = old.pools.get(name) else {
+                continue;
+            };
+            let mut merged = Pool::new(pool.config.clone(), pool.health.clone());
+            for up in &old_pool.config.upstreams {
+                merged
+                    .upstreams
+                    .entry(up.id.clone())
+                    .or_insert_with(|| Arc::new(up.clone()));
+            }
+            *pool = Arc::new(merged);
+        }
+        set
+    }
+
     /// The pool a request named, or the default one.
     pub fn get(&self, name: Option<&str>) -> Result<&Arc<Pool>, ProxyError> {
         let name = name.unwrap_or(&self.default);

@@ -66,8 +66,15 @@ pub async fn acquire(
         };
         match gw.store.acquire(pool.name(), want).await? {
             Acquired::Granted(grant) => {
-                let Some(upstream) = pool.upstream(&grant.upstream).cloned() else {
-                    // The store knows a member this config does not (a reload raced us).
+                // A member the store learnt of in a reload after this request took its pool
+                // snapshot is found in the current pool set.
+                let upstream = pool.upstream(&grant.upstream).cloned().or_else(|| {
+                    let pools = gw.pools.load();
+                    let current = pools.get(Some(pool.name())).ok()?;
+                    current.upstream(&grant.upstream).cloned()
+                });
+                let Some(upstream) = upstream else {
+                    // The store knows a member no config does.
                     gw.store
                         .release(
                             pool.name(),

@@ -5,6 +5,7 @@
 //! the target. Connections are kept alive and reused per upstream (and per target where the
 //! connection is a tunnel).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,8 +17,9 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
 use crate::error::ProxyError;
+use crate::limits::{self, BodyFault, LimitedBody, LookaheadFault};
 use crate::proxy::observe::Observed;
-use crate::proxy::{self, Body, headers};
+use crate::proxy::{self, Body, framing, headers};
 use crate::state::Gateway;
 use crate::target::Target;
 use crate::upstream::Upstream;
@@ -27,6 +29,7 @@ use crate::upstream::reuse::{ConnKey, OutBody};
 pub async fn handle(
     gw: &Arc<Gateway>,
     req: Request<Incoming>,
+    peer: SocketAddr,
 ) -> Result<Response<Body>, ProxyError> {
     let target = Target::from_uri(req.uri(), None)
         .ok_or(ProxyError::BadRequest("the request URI has no usable host"))?;
@@ -35,7 +38,26 @@ pub async fn handle(
             "only http:// URIs are forwarded; use CONNECT for https",
         ));
     }
-    let route = proxy::route(gw, req.headers(), &target, false)?;
+    let route = proxy::route(gw, req.headers(), &target, false, peer).await?;
+    let limit = gw.live.load().server.max_request_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+
+    // What of the body came with the head is checked before anything goes upstream.
+    let (parts, body) = req.into_parts();
+    let body = limits::read_ahead(body, limit)
+        .await
+        .map_err(|fault| match fault {
+            LookaheadFault::Malformed => ProxyError::BadRequestBody,
+            LookaheadFault::TooLarge => ProxyError::BodyTooLarge { limit },
+        })?;
+    let req = Request::from_parts(parts, body);
 
     let (mut lease, (sender, key, reused)) =
         proxy::open(gw, &route, |up| sender_for(gw, up, &target)).await?;
@@ -60,16 +82,29 @@ pub async fn handle(
         parts.headers.insert(header::HOST, v);
     }
     let replay = body_is_empty(&body).then(|| parts.clone());
+    let fault = Arc::new(BodyFault::default());
+    let body = LimitedBody::new(body, limit, fault.clone());
     let out = Request::from_parts(parts, body.boxed_unsync());
 
-    let timeout = gw.config.server.response_timeout;
+    let timeout = gw.live.load().server.response_timeout;
+    gw.counters.forwarded();
     let sent = tokio::time::timeout(
         timeout,
         send(gw, sender, key, reused, out, replay, &upstream, &target),
     )
     .await;
-    let resp = match sent {
-        Ok(Ok(resp)) => resp,
+    let (resp, (key, sender)) = match sent {
+        Ok(Ok(sent)) => sent,
+        // The client's body broke off or passed the limit: the client's fault, not the
+        // upstream's; the upstream connection is dropped with the half-sent request.
+        Ok(Err(_)) if fault.too_large() => {
+            lease.finish(crate::health::Outcome::Cancelled);
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        Ok(Err(_)) if fault.broken() => {
+            lease.finish(crate::health::Outcome::Cancelled);
+            return Err(ProxyError::BadRequestBody);
+        }
         Ok(Err(e)) => {
             lease.finish(crate::health::Outcome::Reset);
             return Err(e);
@@ -84,13 +119,39 @@ pub async fn handle(
     lease.mark_latency();
 
     let (mut parts, body) = resp.into_parts();
+    if let Err(reason) = framing::check_response(&parts.headers) {
+        // The connection is not reused: its sender is dropped here.
+        lease.finish(crate::health::Outcome::UpstreamError);
+        return Err(ProxyError::UpstreamBadResponse {
+            upstream: upstream.id.clone(),
+            reason,
+        });
+    }
     let (outcome, sniffer) = gw.captcha.classify_head(parts.status, &parts.headers);
     headers::clean_response(&mut parts.headers);
     let session = route.session.as_ref().map(|s| s.key.as_str());
     headers::annotate_response(&mut parts.headers, upstream.id.as_str(), session);
+    // What of the body has already arrived is read before the head goes to the client, so a
+    // response whose body is broken from the start becomes a clean 502.
+    let body = match limits::read_ahead(body, u64::MAX).await {
+        Ok(body) => body,
+        Err(_) => {
+            lease.finish(crate::health::Outcome::UpstreamError);
+            return Err(ProxyError::UpstreamBadResponse {
+                upstream: upstream.id.clone(),
+                reason: "malformed body",
+            });
+        }
+    };
+    // Only a connection whose response passed the checks goes back to the idle list; hyper hands
+    // it out again only once this response was read to its end.
+    gw.conns.recycle(key, sender);
     let body = Observed::new(body, lease, outcome, sniffer).boxed();
     Ok(Response::from_parts(parts, body))
 }
+
+/// A connection to give back to the idle list once its response is known to be usable.
+type Recycle = (ConnKey, SendRequest<OutBody>);
 
 /// Sends `req`, once more on a fresh connection when a reused one turns out to be closed before
 /// the request could be delivered (the upstream's keep-alive timer won the race).
@@ -107,13 +168,10 @@ async fn send(
     replay: Option<http::request::Parts>,
     upstream: &Arc<Upstream>,
     target: &Target,
-) -> Result<Response<Incoming>, ProxyError> {
+) -> Result<(Response<Incoming>, Recycle), ProxyError> {
     let first = sender.try_send_request(req).await;
     let (mut sender, req) = match first {
-        Ok(resp) => {
-            gw.conns.recycle(key, sender);
-            return Ok(resp);
-        }
+        Ok(resp) => return Ok((resp, (key, sender))),
         Err(mut e) => {
             let unsent = e.take_message();
             let retry = match (reused, unsent, replay) {
@@ -137,10 +195,7 @@ async fn send(
         }
     };
     match sender.send_request(req).await {
-        Ok(resp) => {
-            gw.conns.recycle(key, sender);
-            Ok(resp)
-        }
+        Ok(resp) => Ok((resp, (key, sender))),
         Err(source) => Err(ProxyError::UpstreamProtocol {
             upstream: upstream.id.clone(),
             source,
@@ -154,8 +209,7 @@ fn empty() -> OutBody {
         .boxed_unsync()
 }
 
-fn body_is_empty(body: &Incoming) -> bool {
-    use http_body::Body as _;
+fn body_is_empty<B: http_body::Body>(body: &B) -> bool {
     body.is_end_stream()
 }
 

@@ -36,8 +36,17 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
+/// Where `Transfer-Encoding` was present the body is re-framed, so a `Content-Length` that came
+/// with it is stale: it goes, whatever the parser did with it.
+fn drop_stale_length(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+}
+
 /// Prepares a client's request headers for the upstream.
 pub fn clean_request(headers: &mut HeaderMap) {
+    drop_stale_length(headers);
     strip_hop_by_hop(headers);
     for name in SESSION_HEADERS {
         headers.remove(*name);
@@ -54,6 +63,7 @@ pub fn clean_request(headers: &mut HeaderMap) {
 
 /// Prepares an upstream's response headers for the client.
 pub fn clean_response(headers: &mut HeaderMap) {
+    drop_stale_length(headers);
     strip_hop_by_hop(headers);
 }
 
@@ -91,5 +101,23 @@ mod tests {
         clean_request(&mut h);
         let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, vec!["accept"]);
+    }
+
+    #[test]
+    fn content_length_never_survives_next_to_transfer_encoding() {
+        for clean in [clean_request, clean_response] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+            h.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+            clean(&mut h);
+            assert!(h.is_empty(), "{h:?}");
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+            clean(&mut h);
+            assert_eq!(h[header::CONTENT_LENGTH], "10");
+        }
     }
 }

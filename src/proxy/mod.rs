@@ -5,18 +5,22 @@
 //! read the session, pick the pool ([`route`]), then lease and connect with retry ([`open`]).
 
 pub mod forward;
+pub mod framing;
 pub mod headers;
 pub mod observe;
 pub mod tunnel;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
+use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
+use crate::accounting::End;
 use crate::admit;
 use crate::error::ProxyError;
 use crate::health::Outcome;
@@ -32,39 +36,59 @@ use crate::upstream::{Upstream, UpstreamId};
 /// Body of every response the proxy sends to a client.
 pub type Body = BoxBody<Bytes, hyper::Error>;
 
-/// The proxy service: never fails, every error becomes its response here.
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+/// The proxy service: never fails, every error becomes its response here. Every request is
+/// counted as accepted and settled exactly once (see [`crate::accounting`]).
+pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    let ticket = gw.counters.accept();
     let connect = req.method() == Method::CONNECT;
-    let result = if connect {
-        tunnel::handle(&gw, req).await
+    let result = if let Err(e) = framing::check_request(&req) {
+        Err(e)
+    } else if connect {
+        tunnel::handle(&gw, req, peer).await
     } else if req.uri().scheme().is_some() && req.uri().authority().is_some() {
-        forward::handle(&gw, req).await
+        forward::handle(&gw, req, peer).await
     } else {
         Err(ProxyError::NotProxyRequest)
     };
-    result.unwrap_or_else(|e| {
-        tracing::debug!(error = %e, code = e.code(), "request failed");
-        let mut resp = e.to_response();
-        // After a refused CONNECT the client may already have sent tunnel bytes (a TLS hello);
-        // they must never be read as a next request. A malformed request gets no second chance.
-        if connect || e.status() == http::StatusCode::BAD_REQUEST {
-            resp.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
+    match result {
+        Ok(resp) => resp.map(|body| crate::limits::Guarded::new(body, ticket).boxed()),
+        Err(e) => {
+            tracing::debug!(error = %e, code = e.code(), "request failed");
+            let status = e.status();
+            ticket.finish(if status.is_client_error() {
+                End::Rejected
+            } else {
+                End::Failed
+            });
+            let mut resp = e.to_response();
+            // After a refused CONNECT the client may already have sent tunnel bytes (a TLS
+            // hello); they must never be read as a next request. A malformed request, or one whose
+            // body was not read to its end, gets no second chance on this connection.
+            if connect
+                || status == http::StatusCode::BAD_REQUEST
+                || status == http::StatusCode::PAYLOAD_TOO_LARGE
+            {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
+            resp
         }
-        resp
-    })
+    }
 }
 
-/// Admission and routing, common to both request kinds: target policy, session, pool.
-pub fn route(
+/// Admission and routing, common to both request kinds: client allowlist, authentication, target
+/// policy, session, pool.
+pub async fn route(
     gw: &Gateway,
     headers: &HeaderMap,
     target: &Target,
     connect: bool,
+    peer: SocketAddr,
 ) -> Result<Route, ProxyError> {
-    admit::check_target(&gw.config.policy, target, connect)?;
+    let live = gw.live.load_full();
+    admit::check_client(&live.auth, peer.ip())?;
     let ask: SessionRequest = session::parse(headers).map_err(|e| {
         if e.is_proxy_auth() {
             ProxyError::BadUsername(e)
@@ -72,8 +96,33 @@ pub fn route(
             ProxyError::BadSessionHeader(e)
         }
     })?;
+    let user = if live.auth.required() {
+        let user = gw
+            .auth
+            .authenticate(&live.auth, ask.user.as_deref(), ask.password.as_deref())
+            .await
+            .map_err(|_| ProxyError::AuthRequired)?;
+        Some(user)
+    } else {
+        None
+    };
+    gw.policy.load().check(target, connect)?;
     let pools: Arc<PoolSet> = gw.pools.load_full();
-    let pool = pools.get(ask.pool.as_deref())?.clone();
+    let allowed = user.and_then(|u| u.pools.as_ref());
+    // A user limited to some pools who names none uses the default pool if allowed, else the
+    // first of theirs.
+    let wanted = match (ask.pool.as_deref(), allowed) {
+        (None, Some(list)) if !list.iter().any(|p| *p == live.default_pool) => {
+            list.first().map(String::as_str)
+        }
+        (named, _) => named,
+    };
+    let pool = pools.get(wanted)?.clone();
+    if let Some(list) = allowed {
+        if !list.iter().any(|p| p == pool.name()) {
+            return Err(ProxyError::PoolDenied(pool.name().to_string()));
+        }
+    }
     let session = match (ask.session, ask.create) {
         (Some(key), _) => Some(SessionPlan {
             key,
@@ -120,6 +169,15 @@ where
         };
         match connect(upstream).await {
             Ok(conn) => return Ok((lease, conn)),
+            Err(ConnectError::TargetDenied { target }) => {
+                // The target's name points into an internal network: nothing was dialed, and no
+                // other upstream fares better. Not the upstream's fault.
+                tracing::info!(target = %target, "resolved target denied by policy");
+                lease.finish(Outcome::OriginError);
+                return Err(ProxyError::TargetDenied(
+                    "the target resolves to addresses this proxy may not reach",
+                ));
+            }
             Err(e) => {
                 tracing::info!(upstream = %grant.upstream, error = %e, "upstream connect failed");
                 let outcome = e.outcome();

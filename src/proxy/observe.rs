@@ -17,19 +17,19 @@ use crate::health::classify::Sniffer;
 use crate::pool::Lease;
 
 pin_project! {
-    pub struct Observed {
+    pub struct Observed<B = Incoming> {
         #[pin]
-        inner: Incoming,
+        inner: B,
         lease: Option<Lease>,
         outcome: Outcome,
         sniffer: Option<Sniffer>,
     }
 }
 
-impl Observed {
+impl<B: Body<Data = Bytes, Error = hyper::Error>> Observed<B> {
     /// Wraps `inner`; `outcome` is what the exchange counts as if the body completes, unless the
     /// `sniffer` finds a challenge page in it.
-    pub fn new(inner: Incoming, lease: Lease, outcome: Outcome, sniffer: Option<Sniffer>) -> Self {
+    pub fn new(inner: B, lease: Lease, outcome: Outcome, sniffer: Option<Sniffer>) -> Self {
         let mut lease = Some(lease);
         if inner.is_end_stream() {
             // No body (HEAD, 204, 304): hyper may never poll it, so the exchange is over now.
@@ -46,7 +46,7 @@ impl Observed {
     }
 }
 
-impl Body for Observed {
+impl<B: Body<Data = Bytes, Error = hyper::Error>> Body for Observed<B> {
     type Data = Bytes;
     type Error = hyper::Error;
 

@@ -6,10 +6,12 @@
 //! Errors name hosts and ports only: credentials are never formatted into them.
 
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -81,6 +83,10 @@ pub enum ConnectError {
         target: String,
         reason: &'static str,
     },
+    /// Every address the target's name resolved to is denied by the target policy (`direct://`:
+    /// a name that points into an internal network). Nothing was dialed.
+    #[error("{target} resolves only to addresses this proxy may not reach")]
+    TargetDenied { target: String },
     /// `proxy_conn` was called for an upstream that does not speak HTTP proxy.
     #[error("{} upstreams do not take proxy requests", .scheme.as_str())]
     NotHttpProxy { scheme: Scheme },
@@ -148,9 +154,9 @@ impl ConnectError {
             | ConnectError::ProxyRefused { .. }
             | ConnectError::BadReply { .. }
             | ConnectError::Socks { .. } => Outcome::UpstreamError,
-            ConnectError::TargetDns { .. } | ConnectError::InvalidTarget { .. } => {
-                Outcome::OriginError
-            }
+            ConnectError::TargetDns { .. }
+            | ConnectError::InvalidTarget { .. }
+            | ConnectError::TargetDenied { .. } => Outcome::OriginError,
             ConnectError::ProxyDns { .. }
             | ConnectError::Refused { .. }
             | ConnectError::Bind { .. }
@@ -203,22 +209,58 @@ impl ConnectError {
                 | SocksFault::Protocol => "destination_unavailable",
             },
             ConnectError::InvalidTarget { .. } => "http_request_error",
+            ConnectError::TargetDenied { .. } => "destination_ip_prohibited",
             ConnectError::NotHttpProxy { .. } => "proxy_internal_error",
         }
     }
 }
 
-/// Opens streams through upstreams. Cheap to clone; holds no connections.
+/// Resolves target names for upstreams that need them resolved here (`direct://`, `socks5://`).
+/// Injectable, so that tests can map test names to loopback.
+pub trait Resolve: Send + Sync + 'static {
+    fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'static>>;
+}
+
+/// The system's resolver (`getaddrinfo` through tokio).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'static>> {
+        let host = host.to_string();
+        Box::pin(async move { resolve(&host, port).await })
+    }
+}
+
+/// Whether a resolved address may be dialed for a target: the target policy applied to what a
+/// name really points at, right before `direct://` dials it.
+pub type AddrGuard = Arc<dyn Fn(&Target, SocketAddr) -> bool + Send + Sync>;
+
+/// Opens streams through upstreams. Cheap to clone (clones share settings); holds no connections.
 #[derive(Clone)]
 pub struct Connector {
     tls: TlsConnector,
-    connect_timeout: Duration,
+    /// Milliseconds; shared by clones and changed on reload.
+    connect_timeout_ms: Arc<AtomicU64>,
+    /// Resolves target names (`direct`, `socks5`).
+    resolver: Arc<dyn Resolve>,
+    /// Checked on every resolved address before `direct` dials it; `None` allows all.
+    guard: Option<AddrGuard>,
 }
 
 impl fmt::Debug for Connector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Connector")
-            .field("connect_timeout", &self.connect_timeout)
+            .field("connect_timeout", &self.connect_timeout())
+            .field("guarded", &self.guard.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -229,8 +271,51 @@ impl Connector {
     pub fn new(tls: Arc<rustls::ClientConfig>, connect_timeout: Duration) -> Self {
         Connector {
             tls: TlsConnector::from(tls),
-            connect_timeout,
+            connect_timeout_ms: Arc::new(AtomicU64::new(connect_timeout.as_millis() as u64)),
+            resolver: Arc::new(SystemResolver),
+            guard: None,
         }
+    }
+
+    /// Resolves target names with `resolver` instead of the system's.
+    pub fn with_resolver(mut self, resolver: Arc<dyn Resolve>) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    /// Checks every address a `direct` target resolved to with `guard` before dialing.
+    pub fn with_guard(mut self, guard: AddrGuard) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Changes the connect timeout for opens started from now on (reload).
+    pub fn set_connect_timeout(&self, timeout: Duration) {
+        self.connect_timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Resolves a target: literals as they are, names through the resolver.
+    async fn resolve_target(&self, target: &Target) -> Result<Vec<SocketAddr>, ConnectError> {
+        if let Some(ip) = target.ip() {
+            return Ok(vec![SocketAddr::new(ip, target.port)]);
+        }
+        let addrs = self
+            .resolver
+            .resolve(&target.host, target.port)
+            .await
+            .map_err(|error| ConnectError::TargetDns {
+                host: target.host.clone(),
+                error,
+            })?;
+        if addrs.is_empty() {
+            return Err(target_dns(target, "no addresses"));
+        }
+        Ok(addrs)
     }
 
     /// A byte stream to `target` through `upstream`, ready for the client's bytes. Any bytes a
@@ -247,18 +332,19 @@ impl Connector {
                     let conn = self.open_proxy(upstream).await?;
                     http_connect(conn, upstream, target).await
                 }
-                Scheme::Socks5 | Scheme::Socks5h => socks_connect(upstream, target).await,
-                Scheme::Direct => direct_connect(upstream, target).await,
+                Scheme::Socks5 | Scheme::Socks5h => self.socks_connect(upstream, target).await,
+                Scheme::Direct => self.direct_connect(upstream, target).await,
             }
         };
-        match tokio::time::timeout(self.connect_timeout, open).await {
+        let after = self.connect_timeout();
+        match tokio::time::timeout(after, open).await {
             Ok(result) => result,
             Err(_) => Err(ConnectError::Timeout {
                 addr: match upstream.scheme {
                     Scheme::Direct => target.authority(),
                     _ => proxy_addr(upstream),
                 },
-                after: self.connect_timeout,
+                after,
             }),
         }
     }
@@ -271,11 +357,12 @@ impl Connector {
                 scheme: upstream.scheme,
             });
         }
-        match tokio::time::timeout(self.connect_timeout, self.open_proxy(upstream)).await {
+        let after = self.connect_timeout();
+        match tokio::time::timeout(after, self.open_proxy(upstream)).await {
             Ok(result) => result,
             Err(_) => Err(ConnectError::Timeout {
                 addr: proxy_addr(upstream),
-                after: self.connect_timeout,
+                after,
             }),
         }
     }
@@ -296,6 +383,77 @@ impl Connector {
             Ok(tls) => Ok(Box::new(tls)),
             Err(error) => Err(tls_error(&addr, error)),
         }
+    }
+
+    /// SOCKS5 handshake on a TCP connection we opened ourselves, so the timeout and connect errors
+    /// stay ours. `socks5` resolves the target here and sends its first address (one handshake per
+    /// attempt, so no fallback); `socks5h` sends the name for the proxy to resolve.
+    async fn socks_connect(
+        &self,
+        upstream: &Upstream,
+        target: &Target,
+    ) -> Result<BoxIo, ConnectError> {
+        let addr = proxy_addr(upstream);
+        let dest = if upstream.scheme == Scheme::Socks5 {
+            let resolved = self.resolve_target(target).await?;
+            match resolved.first() {
+                Some(ip) => TargetAddr::Ip(*ip),
+                None => return Err(target_dns(target, "no addresses")),
+            }
+        } else {
+            match target.ip() {
+                Some(ip) => TargetAddr::Ip(SocketAddr::new(ip, target.port)),
+                None => TargetAddr::Domain(target.host.as_str().into(), target.port),
+            }
+        };
+        let tcp = connect_proxy_tcp(upstream, &addr).await?;
+        let stream = match &upstream.credentials {
+            Some(c) => {
+                Socks5Stream::connect_with_password_and_socket(tcp, dest, &c.username, &c.password)
+                    .await
+            }
+            None => Socks5Stream::connect_with_socket(tcp, dest).await,
+        };
+        match stream {
+            // The reply is read exactly, so nothing of the tunnel is buffered in the wrapper.
+            Ok(stream) => Ok(Box::new(stream.into_inner())),
+            Err(e) => Err(socks_error(&addr, target, e)),
+        }
+    }
+
+    /// Straight to the target, on addresses the guard allows,, from `upstream.bind` when set, trying each address in turn.
+    async fn direct_connect(
+        &self,
+        upstream: &Upstream,
+        target: &Target,
+    ) -> Result<BoxIo, ConnectError> {
+        let resolved = self.resolve_target(target).await?;
+        // The target policy again, on what the name really points at: no DNS-rebinding way in.
+        let addrs: Vec<SocketAddr> = match &self.guard {
+            Some(guard) => resolved.into_iter().filter(|a| guard(target, *a)).collect(),
+            None => resolved,
+        };
+        if addrs.is_empty() {
+            return Err(ConnectError::TargetDenied {
+                target: target.authority(),
+            });
+        }
+        let addrs: Vec<SocketAddr> = match upstream.bind {
+            // A socket bound to one family cannot reach the other.
+            Some(bind) => addrs
+                .into_iter()
+                .filter(|a| a.is_ipv4() == bind.is_ipv4())
+                .collect(),
+            None => addrs,
+        };
+        if addrs.is_empty() {
+            return Err(target_dns(
+                target,
+                "no address of the bind address's family",
+            ));
+        }
+        let tcp = connect_any(&addrs, upstream.bind, &target.authority()).await?;
+        Ok(Box::new(tcp))
     }
 }
 
@@ -368,71 +526,6 @@ async fn read_connect_reply(conn: &mut BoxIo, addr: &str) -> Result<Bytes, Conne
             Err(e) => return Err(bad_reply(addr, ReplyFault::Invalid(e))),
         }
     }
-}
-
-/// SOCKS5 handshake on a TCP connection we opened ourselves, so the timeout and connect errors
-/// stay ours. `socks5` resolves the target here and sends its first address (one handshake per
-/// attempt, so no fallback); `socks5h` sends the name for the proxy to resolve.
-async fn socks_connect(upstream: &Upstream, target: &Target) -> Result<BoxIo, ConnectError> {
-    let addr = proxy_addr(upstream);
-    let dest = if upstream.scheme == Scheme::Socks5 {
-        let resolved =
-            resolve(&target.host, target.port)
-                .await
-                .map_err(|error| ConnectError::TargetDns {
-                    host: target.host.clone(),
-                    error,
-                })?;
-        match resolved.first() {
-            Some(ip) => TargetAddr::Ip(*ip),
-            None => return Err(target_dns(target, "no addresses")),
-        }
-    } else {
-        match target.ip() {
-            Some(ip) => TargetAddr::Ip(SocketAddr::new(ip, target.port)),
-            None => TargetAddr::Domain(target.host.as_str().into(), target.port),
-        }
-    };
-    let tcp = connect_proxy_tcp(upstream, &addr).await?;
-    let stream = match &upstream.credentials {
-        Some(c) => {
-            Socks5Stream::connect_with_password_and_socket(tcp, dest, &c.username, &c.password)
-                .await
-        }
-        None => Socks5Stream::connect_with_socket(tcp, dest).await,
-    };
-    match stream {
-        // The reply is read exactly, so nothing of the tunnel is buffered in the wrapper.
-        Ok(stream) => Ok(Box::new(stream.into_inner())),
-        Err(e) => Err(socks_error(&addr, target, e)),
-    }
-}
-
-/// Straight to the target, from `upstream.bind` when set, trying each address in turn.
-async fn direct_connect(upstream: &Upstream, target: &Target) -> Result<BoxIo, ConnectError> {
-    let addrs =
-        resolve(&target.host, target.port)
-            .await
-            .map_err(|error| ConnectError::TargetDns {
-                host: target.host.clone(),
-                error,
-            })?;
-    let addrs: Vec<SocketAddr> = match upstream.bind {
-        // A socket bound to one family cannot reach the other.
-        Some(bind) => addrs
-            .into_iter()
-            .filter(|a| a.is_ipv4() == bind.is_ipv4())
-            .collect(),
-        None => addrs,
-    };
-    if addrs.is_empty() {
-        return Err(target_dns(
-            target,
-            "no address of the bind address's family",
-        ));
-    }
-    let tcp = connect_any(&addrs, upstream.bind, &target.authority()).await?;
-    Ok(Box::new(tcp))
 }
 
 /// Resolves and connects to the proxy of `upstream`.

@@ -17,8 +17,9 @@ use tokio::time::Instant;
 use crate::target::Target;
 use crate::upstream::UpstreamId;
 
-/// Body of a request sent upstream: the client's, or empty when a request is replayed.
-pub type OutBody = UnsyncBoxBody<Bytes, hyper::Error>;
+/// Body of a request sent upstream: the client's (through its size limit), or empty when a
+/// request is replayed.
+pub type OutBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConnKey {

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use poolgate::app::{self, Drained, Running};
+use poolgate::app::{self, Drained, Running, StartOptions};
 use poolgate::config::Config;
 
 use super::TestCa;
@@ -31,7 +31,30 @@ impl TestGateway {
     }
 
     pub async fn from_config(config: Config) -> TestGateway {
-        let running = app::start(config).await.expect("gateway starts");
+        Self::from_config_with(config, StartOptions::default()).await
+    }
+
+    /// Full config text (listen addresses included) with start options (resolver, config path).
+    pub async fn start_text_with(text: &str, options: StartOptions) -> TestGateway {
+        let config =
+            Config::parse(text, "test", None).unwrap_or_else(|e| panic!("{e}\n---\n{text}"));
+        Self::from_config_with(config, options).await
+    }
+
+    /// Starts from a config file, which `reload` re-reads.
+    pub async fn start_file(path: &std::path::Path) -> TestGateway {
+        let config = Config::load(path).unwrap_or_else(|e| panic!("{e}"));
+        let options = StartOptions {
+            config_path: Some(path.to_path_buf()),
+            ..StartOptions::default()
+        };
+        Self::from_config_with(config, options).await
+    }
+
+    pub async fn from_config_with(config: Config, options: StartOptions) -> TestGateway {
+        let running = app::start_with(config, options)
+            .await
+            .expect("gateway starts");
         TestGateway {
             proxy: running.proxy_addr,
             admin: running.admin_addr,
@@ -99,6 +122,41 @@ impl TestGateway {
             })
             .cloned()
             .unwrap_or_else(|| panic!("no upstream {id} in pool {pool}: {status}"))
+    }
+
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().expect("gateway running")
+    }
+
+    /// `/status` request counters: (accepted, completed, rejected, failed, in_flight).
+    pub async fn request_counts(&self) -> (u64, u64, u64, u64, u64) {
+        let s = self.status().await;
+        let r = &s["requests"];
+        let n = |k: &str| {
+            r[k].as_u64()
+                .unwrap_or_else(|| panic!("no requests.{k} in {s}"))
+        };
+        (
+            n("accepted"),
+            n("completed"),
+            n("rejected"),
+            n("failed"),
+            n("in_flight"),
+        )
+    }
+
+    /// Shuts down and returns how it ended and how many leases were left live in the store.
+    pub async fn shutdown_counting_leases(mut self) -> (Drained, u64) {
+        let running = self.running.take().expect("gateway running");
+        let gw = running.gateway().clone();
+        let drained = running.shutdown().await;
+        let mut left = 0;
+        for pool in gw.pools.load().iter() {
+            use poolgate::store::Store as _;
+            let st = gw.store.status(pool.name()).await.unwrap();
+            left += st.members.iter().map(|m| m.leases_live).sum::<u64>();
+        }
+        (drained, left)
     }
 
     pub async fn shutdown(mut self) -> Drained {

@@ -21,6 +21,7 @@ pub mod fake_proxy;
 pub mod fake_socks;
 pub mod gateway;
 pub mod origin;
+pub mod raw_upstream;
 pub mod tls;
 
 // Re-exports: not every test file uses every helper.
@@ -120,6 +121,23 @@ pub async fn wait_until<F: FnMut() -> bool>(mut cond: F, timeout: Duration) -> b
         tokio::time::sleep(STEP).await;
     }
     cond()
+}
+
+/// Like [`wait_until`] for an async condition, polled every 20 ms (at most 10,000 times).
+pub async fn wait_until_async<F, Fut>(mut cond: F, timeout: Duration) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    const STEP: Duration = Duration::from_millis(20);
+    let iterations = (timeout.as_millis() / STEP.as_millis()).clamp(1, 10_000);
+    for _ in 0..iterations {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(STEP).await;
+    }
+    cond().await
 }
 
 /// `Basic base64(user:pass)`, e.g. for `Proxy-Authorization`.

@@ -1,0 +1,270 @@
+//! Config reload (SIGHUP, or `POST /admin/reload`): re-read the config file, validate it, and
+//! swap in what changed without dropping in-flight requests, tunnels or sessions.
+//!
+//! What a reload changes: pools and their upstreams (the store keeps the state of kept members:
+//! allocations, leases, sessions), limits and timeouts for new connections and requests, the
+//! target policy, users and the client allowlist. What it cannot change, because it is bound at
+//! start, is refused with the key named: listener addresses, the store, upstream TLS and the
+//! upstream keep-alive pool settings. An invalid file is refused with every problem listed, and
+//! the old config keeps running.
+//!
+//! In-flight work is untouched: requests and tunnels hold their own `Arc<Pool>` and lease; an
+//! upstream removed from a pool stays reachable by id for leases that a reload raced
+//! ([`crate::pool::PoolSet::after_reload`]).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+
+use crate::admit::TargetPolicy;
+use crate::config::{Config, ConfigError};
+use crate::pool::PoolSet;
+use crate::proxy::Body;
+use crate::state::Gateway;
+use crate::store::{Store, StoreError};
+
+/// Reload history, shown in `/status`.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct ReloadLog {
+    /// 1 for the config the process started with, +1 per successful reload.
+    pub generation: u64,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    /// Why the last failed reload was refused (cleared by a successful one).
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("no config file to reload from: the gateway was not started from a file")]
+    NoFile,
+    #[error("{0}")]
+    Invalid(#[from] ConfigError),
+    #[error(
+        "{} cannot change on reload (restart poolgate to change {}); the running config is kept",
+        .0.join(", "),
+        if .0.len() == 1 { "it" } else { "them" }
+    )]
+    Fixed(Vec<&'static str>),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What a successful reload did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReloadSummary {
+    pub generation: u64,
+    pub pools: usize,
+    pub upstreams: usize,
+    pub upstreams_added: Vec<String>,
+    pub upstreams_removed: Vec<String>,
+}
+
+/// Re-reads the config file and applies it.
+pub async fn reload(gw: &Gateway) -> Result<ReloadSummary, ReloadError> {
+    let result = match &gw.config_path {
+        None => Err(ReloadError::NoFile),
+        Some(path) => match Config::load(path) {
+            Ok(config) => apply(gw, config).await,
+            Err(e) => Err(ReloadError::Invalid(e)),
+        },
+    };
+    match &result {
+        Ok(s) => tracing::info!(
+            generation = s.generation,
+            pools = s.pools,
+            upstreams = s.upstreams,
+            added = s.upstreams_added.len(),
+            removed = s.upstreams_removed.len(),
+            "config reloaded"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "config reload refused; the running config is kept");
+            let mut log = gw.reloads.lock().await;
+            log.reloads_failed += 1;
+            log.last_error = Some(e.to_string());
+        }
+    }
+    result
+}
+
+/// Keys bound at start that a new config may not change.
+fn fixed_changes(running: &Config, new: &Config) -> Vec<&'static str> {
+    let (a, b) = (&running.server, &new.server);
+    let mut changed = Vec::new();
+    if a.listen != b.listen {
+        changed.push("server.listen");
+    }
+    if a.admin_listen != b.admin_listen {
+        changed.push("server.admin_listen");
+    }
+    if running.store != new.store {
+        changed.push("store");
+    }
+    if running.upstream_tls.ca_file != new.upstream_tls.ca_file
+        || running.upstream_tls.system_roots != new.upstream_tls.system_roots
+    {
+        changed.push("upstream_tls");
+    }
+    if a.upstream_idle_timeout != b.upstream_idle_timeout {
+        changed.push("server.upstream_idle_timeout");
+    }
+    if a.upstream_max_idle_per_key != b.upstream_max_idle_per_key {
+        changed.push("server.upstream_max_idle_per_key");
+    }
+    changed
+}
+
+/// Applies a validated config. Serialised: one reload at a time.
+pub async fn apply(gw: &Gateway, new: Config) -> Result<ReloadSummary, ReloadError> {
+    let mut log = gw.reloads.lock().await;
+    let fixed = fixed_changes(&gw.config, &new);
+    if !fixed.is_empty() {
+        return Err(ReloadError::Fixed(fixed));
+    }
+    let old_pools = gw.pools.load_full();
+    let pools = PoolSet::after_reload(&new, &old_pools, &gw.health);
+    let mut before = std::collections::BTreeSet::new();
+    for p in old_pools.iter() {
+        before.extend(p.config.upstreams.iter().map(|u| u.id.to_string()));
+    }
+    let mut after = std::collections::BTreeSet::new();
+    for p in pools.iter() {
+        after.extend(p.config.upstreams.iter().map(|u| u.id.to_string()));
+    }
+    // The pool set first, then the store: a grant for a member the store learns of now is then
+    // always found by id (see `select::acquire`), and a removed member stays findable.
+    let specs: Vec<_> = pools.iter().map(|p| p.spec()).collect();
+    gw.pools.store(Arc::new(pools));
+    for spec in specs {
+        gw.store.configure(spec).await?;
+    }
+    let own = gw.policy.load().own.clone();
+    gw.policy
+        .store(Arc::new(TargetPolicy::new(new.policy.clone(), own)));
+    gw.connector.set_connect_timeout(new.server.connect_timeout);
+    // Idle upstream connections were opened under the old policy and credentials.
+    gw.conns.clear();
+    let summary = ReloadSummary {
+        generation: log.generation + 1,
+        pools: new.pools.len(),
+        upstreams: new.pools.values().map(|p| p.upstreams.len()).sum(),
+        upstreams_added: after.difference(&before).cloned().collect(),
+        upstreams_removed: before.difference(&after).cloned().collect(),
+    };
+    gw.live.store(Arc::new(new));
+    log.generation += 1;
+    log.reloads_ok += 1;
+    log.last_error = None;
+    Ok(summary)
+}
+
+/// `POST /admin/reload`, authorised by `Authorization: Bearer <server.admin_token>`.
+pub async fn admin_reload<B>(gw: &Gateway, req: &Request<B>) -> Response<Body> {
+    let live = gw.live.load_full();
+    let Some(token) = live.server.admin_token.as_deref() else {
+        return json(
+            StatusCode::FORBIDDEN,
+            &serde_json::json!({"status": "refused", "error": "admin actions need server.admin_token in the config"}),
+        );
+    };
+    if !bearer_matches(req.headers(), token) {
+        let mut r = json(
+            StatusCode::UNAUTHORIZED,
+            &serde_json::json!({"status": "refused", "error": "send Authorization: Bearer <server.admin_token>"}),
+        );
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"poolgate-admin\""),
+        );
+        return r;
+    }
+    match reload(gw).await {
+        Ok(summary) => json(
+            StatusCode::OK,
+            &serde_json::json!({"status": "reloaded", "reload": summary}),
+        ),
+        Err(e) => json(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"status": "rejected", "error": e.to_string(), "running_generation": gw.reloads.lock().await.generation}),
+        ),
+    }
+}
+
+/// Constant-time comparison of the bearer token.
+fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
+    let Some(value) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some((scheme, given)) = value.trim().split_once(' ') else {
+        return false;
+    };
+    scheme.eq_ignore_ascii_case("bearer")
+        && bool::from(given.trim().as_bytes().ct_eq(token.as_bytes()))
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    let mut r = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Config {
+        Config::parse(text, "t", None).unwrap()
+    }
+
+    #[test]
+    fn listener_store_and_tls_changes_are_named() {
+        let a = parse("[pools.default]\nupstreams = [\"direct://\"]\n");
+        let b = parse(
+            "[server]\nlisten = \"127.0.0.1:9999\"\nupstream_idle_timeout = \"5s\"\n[pools.default]\nupstreams = [\"direct://\"]\n",
+        );
+        let fixed = fixed_changes(&a, &b);
+        assert_eq!(fixed, vec!["server.listen", "server.upstream_idle_timeout"]);
+        let msg = ReloadError::Fixed(fixed).to_string();
+        assert!(
+            msg.contains("server.listen") && msg.contains("restart"),
+            "{msg}"
+        );
+        let c =
+            parse("[server]\nmax_connections = 5\n[pools.default]\nupstreams = [\"direct://\"]\n");
+        assert!(fixed_changes(&a, &c).is_empty());
+    }
+
+    #[test]
+    fn bearer_token_must_match_exactly() {
+        let mut h = http::HeaderMap::new();
+        assert!(!bearer_matches(&h, "0123456789abcdef"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer 0123456789abcdef"),
+        );
+        assert!(bearer_matches(&h, "0123456789abcdef"));
+        assert!(!bearer_matches(&h, "0123456789abcde"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic 0123456789abcdef"),
+        );
+        assert!(!bearer_matches(&h, "0123456789abcdef"));
+    }
+}

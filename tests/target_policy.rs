@@ -1,0 +1,190 @@
+//! The target policy end to end: internal targets and other ports are denied with 403
+//! `target-denied` by default and allowed when the config says so; `direct://` checks the address
+//! a name resolved to (names mapped to loopback by an injected resolver); the admin API is not
+//! reachable through the proxy port.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use common::{FakeProxy, FakeProxyOpts, Origin, OriginBehaviour, TestGateway};
+use poolgate::app::StartOptions;
+use poolgate::upstream::connect::Resolve;
+
+const DENIED_CONNECTS: [&str; 6] = [
+    "127.0.0.2:25",
+    "127.0.0.1:443",
+    "[::1]:443",
+    "[::ffff:127.0.0.1]:443",
+    "169.254.169.254:443",
+    "localhost:443",
+];
+
+async fn connect_status(gw: &TestGateway, target: &str) -> String {
+    let raw = common::raw_http(
+        gw.proxy,
+        format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_targets_and_other_ports_are_denied_by_default() {
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start(&format!(
+        "[pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url()
+    ))
+    .await;
+    for target in DENIED_CONNECTS {
+        let text = connect_status(&gw, target).await;
+        assert!(text.starts_with("HTTP/1.1 403"), "{target}: {text}");
+        assert!(
+            text.to_lowercase().contains("x-pool-error: target-denied"),
+            "{target}: {text}"
+        );
+    }
+    // Plain HTTP to internal targets too.
+    for url in [
+        "http://127.0.0.1:9/",
+        "http://[::1]:9/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://localhost:9/",
+        "http://10.0.0.1/",
+    ] {
+        let resp = gw.client().get(url).send().await.unwrap();
+        assert_eq!(resp.status(), 403, "{url}");
+        assert_eq!(resp.headers()["x-pool-error"], "target-denied");
+    }
+    assert_eq!(upstream.connects() + upstream.requests(), 0, "nothing left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicitly_allowed_targets_go_through() {
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start(&format!(
+        "[policy]\nconnect_ports = [443, 25]\n\
+         allow_targets = [\"127.0.0.0/8\", \"::1\", \"169.254.169.254/32\", \"localhost\"]\n\
+         [pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url()
+    ))
+    .await;
+    for target in DENIED_CONNECTS {
+        let text = connect_status(&gw, target).await;
+        // The fake upstream refuses to dial anything but loopback, and nothing listens on these
+        // loopback ports: a 502 from the upstream leg, not a 403 from the policy.
+        assert!(!text.contains("target-denied"), "{target}: {text}");
+        assert!(text.starts_with("HTTP/1.1 502"), "{target}: {text}");
+    }
+    assert_eq!(upstream.connects(), DENIED_CONNECTS.len());
+    // Not listed: still denied.
+    let text = connect_status(&gw, "10.0.0.1:443").await;
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+}
+
+/// Maps test names to fixed addresses; literals never reach it.
+struct MapResolver(HashMap<String, IpAddr>);
+
+impl Resolve for MapResolver {
+    fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<SocketAddr>>> + Send + 'static>> {
+        let found = self.0.get(host).map(|ip| vec![SocketAddr::new(*ip, port)]);
+        Box::pin(async move {
+            found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "unknown"))
+        })
+    }
+}
+
+async fn direct_gateway(policy: &str) -> TestGateway {
+    let resolver = MapResolver(HashMap::from([
+        ("rebind.test".to_string(), "127.0.0.1".parse().unwrap()),
+        (
+            "mapped.test".to_string(),
+            "::ffff:127.0.0.1".parse().unwrap(),
+        ),
+    ]));
+    TestGateway::start_text_with(
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+             [policy]\n{policy}\n[pools.default]\nupstreams = [\"direct://\"]\n"
+        ),
+        StartOptions {
+            resolver: Some(Arc::new(resolver)),
+            ..StartOptions::default()
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_checks_the_resolved_address_so_rebinding_names_are_denied() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let gw = direct_gateway("").await;
+    for host in ["rebind.test", "mapped.test"] {
+        let resp = gw
+            .client()
+            .get(format!("http://{host}:{}/ok", origin.port()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{host}");
+        assert_eq!(resp.headers()["x-pool-error"], "target-denied");
+    }
+    assert_eq!(origin.request_count(), 0, "nothing was dialed");
+    // The denial is not the upstream's fault.
+    let st = gw.upstream_status("default", "direct://").await;
+    assert_eq!(st["outcomes"]["connect_error"], 0, "{st}");
+
+    // Allowed by name: the name may resolve internally.
+    let gw = direct_gateway("allow_targets = [\"rebind.test\"]").await;
+    let resp = gw
+        .client()
+        .get(format!("http://rebind.test:{}/ok", origin.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(origin.request_count(), 1);
+    let resp = gw
+        .client()
+        .get(format!("http://mapped.test:{}/ok", origin.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403, "another name is still checked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_is_not_reachable_through_the_proxy_port() {
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start_with(
+        "admin_token = \"0123456789abcdef0123\"",
+        &format!(
+            "[policy]\nallow_private_targets = true\nconnect_ports = [443, 1, 65535]\n\
+             [pools.default]\nupstreams = [\"{}\"]\n",
+            upstream.url()
+        ),
+    )
+    .await;
+    let port = gw.admin.port();
+    for url in [
+        format!("http://127.0.0.1:{port}/status"),
+        format!("http://localhost:{port}/status"),
+        format!("http://[::1]:{port}/status"),
+        format!("http://127.0.0.1:{}/status", gw.proxy.port()),
+    ] {
+        let resp = gw.client().post(&url).send().await.unwrap();
+        assert_eq!(resp.status(), 403, "{url}");
+        assert_eq!(resp.headers()["x-pool-error"], "target-denied");
+    }
+    assert_eq!(upstream.requests(), 0);
+}
