@@ -150,6 +150,10 @@ enum Command {
         /// `key=value` facts about the run (machine, durations), copied into the JSON.
         #[arg(long)]
         meta: Vec<String>,
+        /// Criterion's output directory (`target/criterion`): adds the placement micro-benchmark
+        /// and its target when `cargo bench --bench hot_paths -- placement` has run.
+        #[arg(long)]
+        criterion: Option<PathBuf>,
     },
 }
 
@@ -157,7 +161,12 @@ fn main() -> Result<(), BoxError> {
     let cli = Cli::parse();
     match cli.command {
         Command::FreePorts { count } => return free_ports(count),
-        Command::Report { raw, out, meta } => return report(&raw, &out, &meta),
+        Command::Report {
+            raw,
+            out,
+            meta,
+            criterion,
+        } => return report(&raw, &out, &meta, criterion.as_deref()),
         _ => {}
     }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
@@ -664,14 +673,14 @@ const TARGETS: [(&str, &str); 4] = [
 
 /// The rows: (key, label, unit, higher is better).
 const MEASURES: [(&str, &str, &str, bool); 10] = [
-    ("http_rps", "HTTP req/s", "req/s", true),
+    ("http_rps", "HTTP", "req/s", true),
     ("http_p50_ms", "HTTP p50", "ms", false),
     ("http_p99_ms", "HTTP p99", "ms", false),
     ("http_errors", "HTTP errors + non-2xx", "", false),
-    ("connect_per_s", "CONNECT setups/s", "setups/s", true),
+    ("connect_per_s", "CONNECT setups", "/s", true),
     ("connect_p99_ms", "CONNECT setup p99", "ms", false),
     ("tunnel_mb_s", "tunnel bulk", "MB/s", true),
-    ("peak_rss_mib", "peak RSS, HTTP load", "MiB", false),
+    ("peak_rss_mib", "peak RSS under HTTP load", "MiB", false),
     ("idle_kib_per_tunnel", "RSS per idle tunnel", "KiB", false),
     ("redis_cmds_per_req", "Redis commands/request", "", false),
 ];
@@ -769,7 +778,51 @@ fn fmt_value(v: f64) -> String {
     }
 }
 
-fn report(raw: &PathBuf, out: &PathBuf, meta: &[String]) -> Result<(), BoxError> {
+/// Mean time in microseconds of one criterion benchmark, from its latest run.
+fn criterion_mean_us(dir: &std::path::Path, bench: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join(bench).join("new/estimates.json")).ok()?;
+    let doc: Value = serde_json::from_str(&text).ok()?;
+    Some(doc.get("mean")?.get("point_estimate")?.as_f64()? / 1000.0)
+}
+
+/// The placement target of issue #9 from criterion's results: 100,000 upstreams within 10× of
+/// 1,000. Returns the text to print and the JSON to keep.
+fn placement_micro(dir: &std::path::Path) -> (String, Value) {
+    let small = criterion_mean_us(dir, "placement/1000");
+    let large = criterion_mean_us(dir, "placement/100000");
+    match (small, large) {
+        (Some(s), Some(l)) if s > 0.0 => {
+            let r = l / s;
+            let status = if r <= 10.0 { "met" } else { "NOT met" };
+            let text = format!(
+                "  {status:<8} {:<44} {r:.1}× ({} µs vs {} µs)\n",
+                "placement, 100k upstreams within 10× of 1k",
+                fmt_value(l),
+                fmt_value(s)
+            );
+            let json = json!({
+                "placement_1000_us": s, "placement_100000_us": l, "ratio": r, "met": r <= 10.0,
+            });
+            (text, json)
+        }
+        _ => (
+            format!(
+                "  {:<8} {:<44} no criterion results under {}\n",
+                "n/a",
+                "placement, 100k upstreams within 10× of 1k",
+                dir.display()
+            ),
+            Value::Null,
+        ),
+    }
+}
+
+fn report(
+    raw: &PathBuf,
+    out: &PathBuf,
+    meta: &[String],
+    criterion: Option<&std::path::Path>,
+) -> Result<(), BoxError> {
     let text = std::fs::read_to_string(raw)?;
     let mut runs: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
     let mut notes: Vec<(String, String)> = Vec::new();
@@ -862,6 +915,10 @@ fn report(raw: &PathBuf, out: &PathBuf, meta: &[String]) -> Result<(), BoxError>
             "figure": figure, "met": met,
         }));
     }
+    let micro = criterion.map(placement_micro);
+    if let Some((text, _)) = &micro {
+        goal_text.push_str(text);
+    }
     let mut note_text = String::new();
     if !notes.is_empty() {
         note_text.push_str("\nnotes:\n");
@@ -900,6 +957,7 @@ fn report(raw: &PathBuf, out: &PathBuf, meta: &[String]) -> Result<(), BoxError>
         "results": results,
         "goals": goals,
         "notes": notes.iter().map(|(t, n)| json!({"column": t, "note": n})).collect::<Vec<_>>(),
+        "micro": micro.map(|(_, json)| json),
         "table": table,
     });
     std::fs::write(out, serde_json::to_string_pretty(&doc)? + "\n")?;
