@@ -152,8 +152,13 @@ cleanup() {
     wait "$watchdog" 2>/dev/null || true
   fi
   if [ "$status" -ne 0 ] && [ -d "$work" ]; then
-    log "failed (status $status); last lines of the logs:"
-    tail -n 5 "$work"/*.err 2>/dev/null | sed 's/^/  /' >&2 || true
+    log "stopped (status $status); last lines of the logs that have any:"
+    local f
+    for f in "$work"/*.err; do
+      [ -s "$f" ] || continue
+      echo "  ${f##*/}:"
+      tail -n 5 "$f" | sed 's/^/    /'
+    done >&2
   fi
   rm -rf "$work"
   exit "$status"
@@ -270,7 +275,7 @@ start_proxy() {
         echo "pinger_enable off"
         echo "cache deny all"
         echo "cache_mem 0"
-        echo "max_filedescriptors $((tunnels * 2 + 4096))"
+        echo "max_filedescriptors $([ "$fds" = unlimited ] && echo 65536 || echo "$fds")"
         echo "shutdown_lifetime 1 seconds"
         echo "acl bench_clients src 127.0.0.1/32"
         echo "http_access allow bench_clients"
