@@ -1,0 +1,194 @@
+//! Micro-benchmarks of the pure functions every request runs through.
+//!
+//! - `placement/N`: sticky placement of a session key over a pool of N upstreams
+//!   (`Rendezvous::preferred`, the first 4 in the key's order). Issue #9 asks that 100,000
+//!   upstreams stay within 10× of 1,000.
+//! - `session/*`: reading the session, pool and lifetime from a request's headers and from a
+//!   proxy username.
+//! - `memory_store/acquire_release/N`: one lease taken and given back on the embedded store, on a
+//!   pool of N upstreams with the default strategy.
+//!
+//! ```text
+//! cargo bench --bench hot_paths                 # all, about two minutes
+//! cargo bench --bench hot_paths -- placement    # only the names matching "placement"
+//! ```
+//!
+//! Measurement time is kept short (2 s per benchmark, 20 samples) so the whole run stays quick;
+//! raise it with `-- --measurement-time 10` when comparing two versions closely. Benches build
+//! with the dev-dependencies, so tokio carries its `test-util` feature here; the store reads the
+//! clock through it, which costs an atomic load per read next to the release binary.
+
+#![expect(
+    clippy::expect_used,
+    reason = "benchmark setup: a failure means a broken benchmark, there is nothing to recover"
+)]
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use base64::Engine as _;
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use http::{HeaderMap, HeaderValue};
+use poolgate::config::Strategy;
+use poolgate::health::Outcome;
+use poolgate::pool::Rendezvous;
+use poolgate::session;
+use poolgate::store::memory::MemoryStore;
+use poolgate::store::{Acquired, PoolSpec, Store, Want};
+use poolgate::upstream::UpstreamId;
+
+/// Distinct session keys cycled through, so no single key's hash is all that is measured.
+const KEYS: usize = 1024;
+
+fn upstream_ids(n: usize) -> Vec<UpstreamId> {
+    (0..n)
+        .map(|i| {
+            UpstreamId::new(format!(
+                "http://10.{}.{}.{}:3128",
+                (i >> 16) & 0xff,
+                (i >> 8) & 0xff,
+                i & 0xff
+            ))
+        })
+        .collect()
+}
+
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|i| format!("sess-{i:08x}")).collect()
+}
+
+fn placement(c: &mut Criterion) {
+    let keys = keys();
+    let mut group = c.benchmark_group("placement");
+    for n in [10usize, 1_000, 100_000] {
+        let ring = Rendezvous::new(&upstream_ids(n));
+        let mut i = 0usize;
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                i = (i + 1) % KEYS;
+                black_box(ring.preferred(black_box(&keys[i]), 4, &[]))
+            });
+        });
+    }
+    group.finish();
+}
+
+fn basic(credentials: &str) -> HeaderValue {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(credentials);
+    HeaderValue::from_str(&format!("Basic {encoded}")).expect("a valid header value")
+}
+
+/// A browser-like request head: what a request without any session looks like.
+fn plain_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("host", HeaderValue::from_static("example.com"));
+    h.insert(
+        "user-agent",
+        HeaderValue::from_static("Mozilla/5.0 (X11; Linux x86_64)"),
+    );
+    h.insert(
+        "accept",
+        HeaderValue::from_static("text/html,application/xhtml+xml"),
+    );
+    h.insert(
+        "accept-language",
+        HeaderValue::from_static("en-US,en;q=0.5"),
+    );
+    h.insert("accept-encoding", HeaderValue::from_static("gzip, deflate"));
+    h
+}
+
+fn session_parsing(c: &mut Criterion) {
+    let mut group = c.benchmark_group("session");
+
+    let none = plain_headers();
+    group.bench_function("parse/no_session", |b| {
+        b.iter(|| black_box(session::parse(black_box(&none))))
+    });
+
+    let mut header = plain_headers();
+    header.insert("x-pool-session", HeaderValue::from_static("cart-42.user_7"));
+    header.insert("x-pool-name", HeaderValue::from_static("residential"));
+    group.bench_function("parse/header", |b| {
+        b.iter(|| black_box(session::parse(black_box(&header))))
+    });
+
+    let mut username = plain_headers();
+    username.insert(
+        "proxy-authorization",
+        basic("brd-customer-hl_1-zone-res-session-abc123-sesstime-10:secret"),
+    );
+    group.bench_function("parse/username", |b| {
+        b.iter(|| black_box(session::parse(black_box(&username))))
+    });
+
+    for (name, user) in [
+        ("plain", "scraper"),
+        ("session", "scraper-session-abc123"),
+        (
+            "labels",
+            "brd-customer-hl_1-zone-res-country-us-session-abc123-sesstime-30-pool-eu",
+        ),
+    ] {
+        group.bench_with_input(BenchmarkId::new("parse_username", name), user, |b, u| {
+            b.iter(|| black_box(session::parse_username(black_box(u))))
+        });
+    }
+    group.finish();
+}
+
+fn memory_store(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a tokio runtime");
+    let mut group = c.benchmark_group("memory_store/acquire_release");
+    for n in [8usize, 1_000] {
+        let store = MemoryStore::new();
+        let spec = PoolSpec {
+            name: "bench".into(),
+            members: upstream_ids(n),
+            strategy: Strategy::LeastUsed,
+            max_concurrency: None,
+            lease_ttl: Duration::from_secs(600),
+        };
+        rt.block_on(store.configure(spec))
+            .expect("configure the pool");
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.to_async(&rt).iter(|| async {
+                let acquired = store
+                    .acquire("bench", Want::Any { exclude: &[] })
+                    .await
+                    .expect("acquire");
+                let Acquired::Granted(grant) = acquired else {
+                    unreachable!("an uncapped pool always grants, got {acquired:?}");
+                };
+                store
+                    .release(
+                        "bench",
+                        &grant.upstream,
+                        grant.lease,
+                        Outcome::Ok,
+                        Duration::from_millis(20),
+                    )
+                    .await
+                    .expect("release");
+            });
+        });
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500))
+        .sample_size(20)
+}
+
+criterion_group! {
+    name = hot_paths;
+    config = config();
+    targets = placement, session_parsing, memory_store
+}
+criterion_main!(hot_paths);

@@ -1,0 +1,965 @@
+//! The processes `bench/run.sh` measures with, and the load it generates that wrk cannot.
+//!
+//! One program, one subcommand per role, everything on 127.0.0.1 only:
+//!
+//! - `origin`: an HTTP origin answering every request with a fixed 1 KiB body, and a raw TCP
+//!   source for tunnels: a connection that sends the byte `S` gets an endless bulk stream, one
+//!   that sends nothing stays idle.
+//! - `upstream --count N`: N fast fake upstream HTTP proxies (absolute-form forwarding over one
+//!   keep-alive origin connection per client connection, and CONNECT). They dial loopback targets
+//!   only and answer 403 to anything else.
+//! - `connect-load`: CONNECT setups per second through a proxy (new connection, CONNECT, one
+//!   request through the tunnel, close), N at a time.
+//! - `bulk`: MB/s through one tunnel to the raw TCP source.
+//! - `idle-tunnels`: opens N tunnels through a proxy to the raw TCP source and holds them.
+//! - `free-ports`: prints loopback ports that were free a moment ago.
+//! - `report`: turns the raw measurements of `bench/run.sh` into the table and the JSON file.
+//!
+//! Servers print `name=127.0.0.1:PORT` lines and then `ready` on stdout; load generators print one
+//! JSON object. Every process exits by itself after `--max-lifetime` (default 1h).
+//!
+//! Try it by hand:
+//!
+//! ```text
+//! cargo run --release --example bench_fixture -- origin        # prints origin=… tunnel=…
+//! cargo run --release --example bench_fixture -- upstream      # prints upstream=…
+//! curl -x http://127.0.0.1:UPSTREAM_PORT http://127.0.0.1:ORIGIN_PORT/1k | wc -c    # 1024
+//! curl -px http://127.0.0.1:UPSTREAM_PORT http://127.0.0.1:ORIGIN_PORT/1k | wc -c   # via CONNECT
+//! cargo run --release --example bench_fixture -- connect-load \
+//!     --proxy 127.0.0.1:UPSTREAM_PORT --target 127.0.0.1:ORIGIN_PORT --duration 3s
+//! ```
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::error::Error;
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use http::header::{HOST, HeaderValue, PROXY_AUTHORIZATION};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Mutex, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, timeout};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+/// The origin's fixed response body.
+static BODY_1K: [u8; 1024] = [b'x'; 1024];
+/// One write of the bulk stream.
+const BULK_CHUNK_BYTES: usize = 64 * 1024;
+/// Connecting, a CONNECT handshake, or one request may take this long before it counts as failed.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest response head the load generators accept.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Pause after an accept error (such as running out of file descriptors).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+#[derive(Parser)]
+#[command(about = "Origin, fake upstream proxies and load generators for bench/run.sh")]
+struct Cli {
+    /// Runtime worker threads (default: one per core).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    /// Exit after this long whatever happens, so a forgotten process never lingers.
+    #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "1h")]
+    max_lifetime: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// HTTP origin (1 KiB body) and raw TCP source (bulk stream or idle).
+    Origin,
+    /// Fake upstream HTTP proxies on kernel-chosen loopback ports.
+    Upstream {
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+    },
+    /// CONNECT setups per second: connect, CONNECT, one GET through the tunnel, close.
+    ConnectLoad {
+        #[arg(long)]
+        proxy: SocketAddr,
+        /// The origin's address (the GET goes to it through the tunnel).
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+        duration: Duration,
+    },
+    /// MB/s through one tunnel to the raw TCP source.
+    Bulk {
+        #[arg(long)]
+        proxy: SocketAddr,
+        /// The raw TCP source's address.
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+        duration: Duration,
+        /// Read and discard for this long first.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "500ms")]
+        warmup: Duration,
+    },
+    /// Opens idle tunnels to the raw TCP source, prints how many, then holds them.
+    IdleTunnels {
+        #[arg(long)]
+        proxy: SocketAddr,
+        /// The raw TCP source's address.
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 10_000)]
+        count: usize,
+        /// Tunnels being opened at once.
+        #[arg(long, default_value_t = 128)]
+        concurrency: usize,
+        /// Give up opening more after this long.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        open_timeout: Duration,
+        /// Hold the tunnels this long, then exit.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        hold: Duration,
+    },
+    /// Prints COUNT distinct loopback ports that were free when asked.
+    FreePorts {
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+    },
+    /// Reads raw measurements, prints the table and writes the JSON file.
+    Report {
+        /// Lines `RUN<TAB>TARGET<TAB>MEASURE<TAB>VALUE` or `note<TAB>TARGET<TAB>TEXT`.
+        #[arg(long)]
+        raw: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// `key=value` facts about the run (machine, durations), copied into the JSON.
+        #[arg(long)]
+        meta: Vec<String>,
+        /// Criterion's output directory (`target/criterion`): adds the placement micro-benchmark
+        /// and its target when `cargo bench --bench hot_paths -- placement` has run.
+        #[arg(long)]
+        criterion: Option<PathBuf>,
+    },
+}
+
+fn main() -> Result<(), BoxError> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::FreePorts { count } => return free_ports(count),
+        Command::Report {
+            raw,
+            out,
+            meta,
+            criterion,
+        } => return report(&raw, &out, &meta, criterion.as_deref()),
+        _ => {}
+    }
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(n) = cli.threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.build()?;
+    let lifetime = cli.max_lifetime;
+    rt.block_on(async move {
+        let work = async move {
+            match cli.command {
+                Command::Origin => origin().await,
+                Command::Upstream { count } => upstreams(count).await,
+                Command::ConnectLoad {
+                    proxy,
+                    target,
+                    concurrency,
+                    duration,
+                } => connect_load(proxy, target, concurrency, duration).await,
+                Command::Bulk {
+                    proxy,
+                    target,
+                    duration,
+                    warmup,
+                } => bulk(proxy, target, duration, warmup).await,
+                Command::IdleTunnels {
+                    proxy,
+                    target,
+                    count,
+                    concurrency,
+                    open_timeout,
+                    hold,
+                } => idle_tunnels(proxy, target, count, concurrency, open_timeout, hold).await,
+                Command::FreePorts { .. } | Command::Report { .. } => Ok(()),
+            }
+        };
+        match timeout(lifetime, work).await {
+            Ok(r) => r,
+            Err(_) => Err("max lifetime reached".into()),
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Origin and raw TCP source
+// ---------------------------------------------------------------------------
+
+async fn origin() -> Result<(), BoxError> {
+    let http = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    let raw = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    println!("origin={}", http.local_addr()?);
+    println!("tunnel={}", raw.local_addr()?);
+    println!("ready");
+    tokio::spawn(accept_loop(raw, |s| async move { raw_source(s).await }));
+    accept_loop(http, |s| async move {
+        let svc = service_fn(|_req: Request<Incoming>| async {
+            let mut resp = Response::new(Full::new(Bytes::from_static(&BODY_1K)));
+            resp.headers_mut()
+                .insert("content-type", HeaderValue::from_static("text/plain"));
+            Ok::<_, Infallible>(resp)
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(s), svc)
+            .await;
+    })
+    .await;
+    Ok(())
+}
+
+/// `S` starts an endless stream; anything else (or nothing, for an idle tunnel) does not.
+async fn raw_source(mut s: TcpStream) {
+    let mut cmd = [0u8; 1];
+    if let Ok(1) = s.read(&mut cmd).await {
+        if cmd[0] == b'S' {
+            let chunk = Bytes::from(vec![0x5a; BULK_CHUNK_BYTES]);
+            while s.write_all(&chunk).await.is_ok() {}
+        }
+    }
+}
+
+/// Accepts forever, one task per connection, with Nagle off.
+async fn accept_loop<F, Fut>(listener: TcpListener, serve: F)
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        match listener.accept().await {
+            Ok((s, _)) => {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(serve(s));
+            }
+            Err(_) => tokio::time::sleep(ACCEPT_ERROR_PAUSE).await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fake upstream proxies
+// ---------------------------------------------------------------------------
+
+async fn upstreams(count: usize) -> Result<(), BoxError> {
+    let mut set = JoinSet::new();
+    for _ in 0..count.max(1) {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        println!("upstream={}", l.local_addr()?);
+        set.spawn(accept_loop(l, |s| async move { serve_proxy_conn(s).await }));
+    }
+    println!("ready");
+    while set.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// The origin connection a client connection forwards over. Requests on one HTTP/1 connection
+/// come one after another, so one origin connection per client connection is always enough.
+struct OriginConn {
+    addr: SocketAddr,
+    sender: SendRequest<Incoming>,
+}
+
+async fn serve_proxy_conn(s: TcpStream) {
+    let origin: Arc<Mutex<Option<OriginConn>>> = Arc::new(Mutex::new(None));
+    let svc = service_fn(move |req| {
+        let origin = origin.clone();
+        async move { Ok::<_, Infallible>(proxy_request(req, origin).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(s), svc)
+        .with_upgrades()
+        .await;
+}
+
+/// The target as a loopback socket address; the fakes dial nothing else.
+fn loopback_target(host: &str, port: u16) -> Option<SocketAddr> {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    let ip: IpAddr = if h.eq_ignore_ascii_case("localhost") {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        h.parse().ok()?
+    };
+    ip.is_loopback().then_some(SocketAddr::new(ip, port))
+}
+
+fn status_only(status: StatusCode) -> Response<ProxyBody> {
+    let mut resp = Response::new(Empty::new().map_err(|never| match never {}).boxed());
+    *resp.status_mut() = status;
+    resp
+}
+
+async fn proxy_request(
+    req: Request<Incoming>,
+    origin: Arc<Mutex<Option<OriginConn>>>,
+) -> Response<ProxyBody> {
+    if req.method() == Method::CONNECT {
+        return proxy_connect(req).await;
+    }
+    let Some(authority) = req.uri().authority().cloned() else {
+        return status_only(StatusCode::BAD_REQUEST);
+    };
+    if req.uri().scheme_str() != Some("http") {
+        return status_only(StatusCode::BAD_REQUEST);
+    }
+    let Some(addr) = loopback_target(authority.host(), authority.port_u16().unwrap_or(80)) else {
+        return status_only(StatusCode::FORBIDDEN);
+    };
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    parts.uri = match path.parse() {
+        Ok(u) => u,
+        Err(_) => return status_only(StatusCode::BAD_REQUEST),
+    };
+    parts.version = Version::HTTP_11;
+    parts.headers.remove(PROXY_AUTHORIZATION);
+    parts.headers.remove("proxy-connection");
+    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+        parts.headers.insert(HOST, host);
+    }
+    let req = Request::from_parts(parts, body);
+
+    let mut slot = origin.lock().await;
+    let mut reusable = false;
+    if let Some(c) = slot.as_mut() {
+        reusable = c.addr == addr && !c.sender.is_closed() && c.sender.ready().await.is_ok();
+    }
+    if !reusable {
+        match dial_origin(addr).await {
+            Ok(c) => *slot = Some(c),
+            Err(_) => return status_only(StatusCode::BAD_GATEWAY),
+        }
+    }
+    let Some(conn) = slot.as_mut() else {
+        return status_only(StatusCode::BAD_GATEWAY);
+    };
+    match conn.sender.send_request(req).await {
+        Ok(resp) => resp.map(|b| b.boxed()),
+        Err(_) => {
+            *slot = None;
+            status_only(StatusCode::BAD_GATEWAY)
+        }
+    }
+}
+
+async fn dial_origin(addr: SocketAddr) -> Result<OriginConn, BoxError> {
+    let tcp = timeout(STEP_TIMEOUT, TcpStream::connect(addr)).await??;
+    tcp.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    Ok(OriginConn { addr, sender })
+}
+
+/// Dials first (so a failure is a 502, not a 200 and a closed socket), answers 200, then copies.
+async fn proxy_connect(req: Request<Incoming>) -> Response<ProxyBody> {
+    let Some(authority) = req.uri().authority().cloned() else {
+        return status_only(StatusCode::BAD_REQUEST);
+    };
+    let Some(port) = authority.port_u16() else {
+        return status_only(StatusCode::BAD_REQUEST);
+    };
+    let Some(addr) = loopback_target(authority.host(), port) else {
+        return status_only(StatusCode::FORBIDDEN);
+    };
+    let mut target = match timeout(STEP_TIMEOUT, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        _ => return status_only(StatusCode::BAD_GATEWAY),
+    };
+    let _ = target.set_nodelay(true);
+    tokio::spawn(async move {
+        if let Ok(upgraded) = hyper::upgrade::on(req).await {
+            let mut client = TokioIo::new(upgraded);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut target).await;
+        }
+    });
+    status_only(StatusCode::OK)
+}
+
+// ---------------------------------------------------------------------------
+// Load generators
+// ---------------------------------------------------------------------------
+
+/// Reads until `buf` holds a complete response head; returns (status, head length,
+/// content-length).
+async fn read_response_head(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<(u16, usize, Option<usize>), BoxError> {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        if let httparse::Status::Complete(len) = resp.parse(buf)? {
+            let status = resp.code.ok_or("response without a status")?;
+            let length = resp
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok());
+            return Ok((status, len, length));
+        }
+        if buf.len() >= MAX_HEAD_BYTES {
+            return Err("response head too large".into());
+        }
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).await?;
+        if n == 0 {
+            return Err("connection closed before the end of the response head".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Connects to `proxy` and opens a tunnel to `target`; returns the stream and any bytes that
+/// arrived after the 200's head.
+async fn open_tunnel(
+    proxy: SocketAddr,
+    target: SocketAddr,
+) -> Result<(TcpStream, Vec<u8>), BoxError> {
+    let mut s = TcpStream::connect(proxy).await?;
+    s.set_nodelay(true)?;
+    let connect = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    s.write_all(connect.as_bytes()).await?;
+    let mut buf = Vec::with_capacity(1024);
+    let (status, head, _) = read_response_head(&mut s, &mut buf).await?;
+    if status != 200 {
+        return Err(format!("CONNECT answered {status}").into());
+    }
+    buf.drain(..head);
+    Ok((s, buf))
+}
+
+/// One CONNECT setup: new connection, CONNECT, one GET through the tunnel, close.
+async fn one_setup(proxy: SocketAddr, target: SocketAddr, get: &[u8]) -> Result<(), BoxError> {
+    let (mut s, mut buf) = open_tunnel(proxy, target).await?;
+    s.write_all(get).await?;
+    let (status, head, length) = read_response_head(&mut s, &mut buf).await?;
+    if status != 200 {
+        return Err(format!("GET through the tunnel answered {status}").into());
+    }
+    let want = head + length.ok_or("response without content-length")?;
+    let mut chunk = [0u8; 4096];
+    while buf.len() < want {
+        let n = s.read(&mut chunk).await?;
+        if n == 0 {
+            return Err("tunnel closed before the end of the body".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(())
+}
+
+/// What one connect-load worker saw.
+#[derive(Default)]
+struct SetupTally {
+    latencies_us: Vec<u64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+async fn connect_load(
+    proxy: SocketAddr,
+    target: SocketAddr,
+    concurrency: usize,
+    duration: Duration,
+) -> Result<(), BoxError> {
+    let get: Arc<[u8]> = format!("GET /1k HTTP/1.1\r\nHost: {target}\r\n\r\n")
+        .into_bytes()
+        .into();
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut set = JoinSet::new();
+    for _ in 0..concurrency.max(1) {
+        let get = get.clone();
+        set.spawn(async move {
+            let mut tally = SetupTally::default();
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                match timeout(STEP_TIMEOUT, one_setup(proxy, target, &get)).await {
+                    Ok(Ok(())) => tally.latencies_us.push(elapsed_us(t0)),
+                    outcome => {
+                        tally.errors += 1;
+                        if tally.first_error.is_none() {
+                            tally.first_error = Some(match outcome {
+                                Ok(Err(e)) => e.to_string(),
+                                _ => "timed out".into(),
+                            });
+                        }
+                        // Do not spin on a refusing proxy.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+            tally
+        });
+    }
+    let mut all = SetupTally::default();
+    while let Some(t) = set.join_next().await {
+        let t = t?;
+        all.latencies_us.extend(t.latencies_us);
+        all.errors += t.errors;
+        all.first_error = all.first_error.or(t.first_error);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    all.latencies_us.sort_unstable();
+    let ok = all.latencies_us.len();
+    println!(
+        "{}",
+        json!({
+            "setups": ok,
+            "errors": all.errors,
+            "seconds": secs,
+            "setups_per_s": ok as f64 / secs,
+            "p50_ms": percentile(&all.latencies_us, 50.0).map(|us| us as f64 / 1000.0),
+            "p99_ms": percentile(&all.latencies_us, 99.0).map(|us| us as f64 / 1000.0),
+            "first_error": all.first_error,
+        })
+    );
+    Ok(())
+}
+
+fn elapsed_us(t0: Instant) -> u64 {
+    u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+}
+
+async fn bulk(
+    proxy: SocketAddr,
+    target: SocketAddr,
+    duration: Duration,
+    warmup: Duration,
+) -> Result<(), BoxError> {
+    let (mut s, _) = timeout(STEP_TIMEOUT, open_tunnel(proxy, target)).await??;
+    s.write_all(b"S").await?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let warm_until = Instant::now() + warmup;
+    while Instant::now() < warm_until {
+        if timeout(STEP_TIMEOUT, s.read(&mut buf)).await?? == 0 {
+            return Err("tunnel closed during warm-up".into());
+        }
+    }
+    let start = Instant::now();
+    let end = start + duration;
+    let mut bytes: u64 = 0;
+    while Instant::now() < end {
+        let n = timeout(STEP_TIMEOUT, s.read(&mut buf)).await??;
+        if n == 0 {
+            return Err("tunnel closed during the measurement".into());
+        }
+        bytes += n as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        json!({ "bytes": bytes, "seconds": secs, "mb_per_s": bytes as f64 / 1e6 / secs })
+    );
+    Ok(())
+}
+
+async fn idle_tunnels(
+    proxy: SocketAddr,
+    target: SocketAddr,
+    count: usize,
+    concurrency: usize,
+    open_timeout: Duration,
+    hold: Duration,
+) -> Result<(), BoxError> {
+    let start = Instant::now();
+    let permits = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut set = JoinSet::new();
+    let opening = async {
+        for _ in 0..count {
+            let permit = permits.clone().acquire_owned().await?;
+            set.spawn(async move {
+                let r = timeout(STEP_TIMEOUT, open_tunnel(proxy, target)).await;
+                drop(permit);
+                match r {
+                    Ok(Ok((s, _))) => Ok(s),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("timed out".to_string()),
+                }
+            });
+        }
+        Ok::<_, BoxError>(())
+    };
+    let gave_up = timeout(open_timeout, opening).await.is_err();
+    let mut open = Vec::with_capacity(count);
+    let mut failed = 0usize;
+    let mut first_error = gave_up.then(|| "open timeout reached".to_string());
+    while let Some(r) = set.join_next().await {
+        match r? {
+            Ok(s) => open.push(s),
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    println!(
+        "{}",
+        json!({
+            "opened": open.len(),
+            "failed": failed,
+            "open_seconds": start.elapsed().as_secs_f64(),
+            "first_error": first_error,
+        })
+    );
+    tokio::time::sleep(hold).await;
+    drop(open);
+    Ok(())
+}
+
+fn free_ports(count: usize) -> Result<(), BoxError> {
+    // All bound at once so that they are distinct.
+    let listeners = (0..count)
+        .map(|_| std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<Result<Vec<_>, _>>()?;
+    for l in &listeners {
+        println!("{}", l.local_addr()?.port());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------
+
+/// The columns: what is measured, in order. `direct` is the ceiling every ratio refers to.
+const TARGETS: [(&str, &str); 4] = [
+    ("direct", "direct"),
+    ("squid", "squid"),
+    ("memory", "poolgate-memory"),
+    ("redis", "poolgate-redis"),
+];
+
+/// The rows: (key, label, unit, higher is better).
+const MEASURES: [(&str, &str, &str, bool); 10] = [
+    ("http_rps", "HTTP", "req/s", true),
+    ("http_p50_ms", "HTTP p50", "ms", false),
+    ("http_p99_ms", "HTTP p99", "ms", false),
+    ("http_errors", "HTTP errors + non-2xx", "", false),
+    ("connect_per_s", "CONNECT setups", "/s", true),
+    ("connect_p99_ms", "CONNECT setup p99", "ms", false),
+    ("tunnel_mb_s", "tunnel bulk", "MB/s", true),
+    ("peak_rss_mib", "peak RSS under HTTP load", "MiB", false),
+    ("idle_kib_per_tunnel", "RSS per idle tunnel", "KiB", false),
+    ("redis_cmds_per_req", "Redis commands/request", "", false),
+];
+
+/// The targets of issue #9: (label, target column, measure, compared with, bound). The bound is
+/// a ratio to that column's value: `≥ bound` for higher-is-better measures, `≤ bound` otherwise;
+/// a `None` column means an absolute bound on the value.
+const GOALS: [(&str, &str, &str, Option<&str>, f64); 9] = [
+    (
+        "HTTP req/s, memory store ≥ 0.6× direct",
+        "memory",
+        "http_rps",
+        Some("direct"),
+        0.6,
+    ),
+    (
+        "HTTP p99, memory store ≤ squid's",
+        "memory",
+        "http_p99_ms",
+        Some("squid"),
+        1.0,
+    ),
+    (
+        "HTTP req/s, Redis store ≥ 0.45× direct",
+        "redis",
+        "http_rps",
+        Some("direct"),
+        0.45,
+    ),
+    (
+        "HTTP p99, Redis store ≤ squid's",
+        "redis",
+        "http_p99_ms",
+        Some("squid"),
+        1.0,
+    ),
+    (
+        "CONNECT setups/s ≥ 0.6× direct",
+        "memory",
+        "connect_per_s",
+        Some("direct"),
+        0.6,
+    ),
+    (
+        "tunnel MB/s ≥ 0.9× direct",
+        "memory",
+        "tunnel_mb_s",
+        Some("direct"),
+        0.9,
+    ),
+    (
+        "peak RSS under HTTP load ≤ squid's",
+        "memory",
+        "peak_rss_mib",
+        Some("squid"),
+        1.0,
+    ),
+    (
+        "RSS per idle tunnel ≤ 16 KiB",
+        "memory",
+        "idle_kib_per_tunnel",
+        None,
+        16.0,
+    ),
+    (
+        "Redis RSS per idle tunnel ≤ 16 KiB",
+        "redis",
+        "idle_kib_per_tunnel",
+        None,
+        16.0,
+    ),
+];
+
+fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(if values.len() % 2 == 0 {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    })
+}
+
+fn fmt_value(v: f64) -> String {
+    let a = v.abs();
+    if a >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Mean time in microseconds of one criterion benchmark, from its latest run.
+fn criterion_mean_us(dir: &std::path::Path, bench: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join(bench).join("new/estimates.json")).ok()?;
+    let doc: Value = serde_json::from_str(&text).ok()?;
+    Some(doc.get("mean")?.get("point_estimate")?.as_f64()? / 1000.0)
+}
+
+/// The placement target of issue #9 from criterion's results: 100,000 upstreams within 10× of
+/// 1,000. Returns the text to print and the JSON to keep.
+fn placement_micro(dir: &std::path::Path) -> (String, Value) {
+    let small = criterion_mean_us(dir, "placement/1000");
+    let large = criterion_mean_us(dir, "placement/100000");
+    match (small, large) {
+        (Some(s), Some(l)) if s > 0.0 => {
+            let r = l / s;
+            let status = if r <= 10.0 { "met" } else { "NOT met" };
+            let text = format!(
+                "  {status:<8} {:<44} {r:.1}× ({} µs vs {} µs)\n",
+                "placement, 100k upstreams within 10× of 1k",
+                fmt_value(l),
+                fmt_value(s)
+            );
+            let json = json!({
+                "placement_1000_us": s, "placement_100000_us": l, "ratio": r, "met": r <= 10.0,
+            });
+            (text, json)
+        }
+        _ => (
+            format!(
+                "  {:<8} {:<44} no criterion results under {}\n",
+                "n/a",
+                "placement, 100k upstreams within 10× of 1k",
+                dir.display()
+            ),
+            Value::Null,
+        ),
+    }
+}
+
+fn report(
+    raw: &PathBuf,
+    out: &PathBuf,
+    meta: &[String],
+    criterion: Option<&std::path::Path>,
+) -> Result<(), BoxError> {
+    let text = std::fs::read_to_string(raw)?;
+    let mut runs: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+    let mut notes: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.splitn(4, '\t').collect();
+        match fields.as_slice() {
+            ["note", target, text] => notes.push(((*target).into(), (*text).into())),
+            [_run, target, measure, value] => {
+                if let Ok(v) = value.trim().parse::<f64>() {
+                    if v.is_finite() {
+                        runs.entry(((*target).into(), (*measure).into()))
+                            .or_default()
+                            .push(v);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let medians: BTreeMap<(String, String), f64> = runs
+        .iter()
+        .filter_map(|(k, v)| median(&mut v.clone()).map(|m| (k.clone(), m)))
+        .collect();
+    let get = |t: &str, m: &str| medians.get(&(t.to_string(), m.to_string())).copied();
+    let ratio = |t: &str, m: &str| match (get(t, m), get("direct", m)) {
+        (Some(v), Some(d)) if d != 0.0 => Some(v / d),
+        _ => None,
+    };
+
+    let mut table = String::new();
+    let label_w = 32;
+    let col_w = 22;
+    let _ = write!(table, "{:<label_w$}", "measure");
+    for (_, name) in TARGETS {
+        let _ = write!(table, "{name:>col_w$}");
+    }
+    table.push('\n');
+    for (key, label, unit, _) in MEASURES {
+        let label = if unit.is_empty() {
+            label.to_string()
+        } else {
+            format!("{label} ({unit})")
+        };
+        let _ = write!(table, "{label:<label_w$}");
+        for (t, _) in TARGETS {
+            let cell = match (get(t, key), ratio(t, key)) {
+                (Some(v), Some(r)) => format!("{} ({r:.2}×)", fmt_value(v)),
+                (Some(v), None) => fmt_value(v),
+                (None, _) => "—".to_string(),
+            };
+            let _ = write!(table, "{cell:>col_w$}");
+        }
+        table.push('\n');
+    }
+
+    let mut goals = Vec::new();
+    let mut goal_text = String::from("\ntargets (issue #9):\n");
+    for (label, t, m, against, bound) in GOALS {
+        let higher = MEASURES
+            .iter()
+            .find(|(k, ..)| *k == m)
+            .is_some_and(|(.., h)| *h);
+        let value = get(t, m);
+        let (figure, met) = match against {
+            Some(a) => {
+                let r = match (value, get(a, m)) {
+                    (Some(v), Some(b)) if b != 0.0 => Some(v / b),
+                    _ => None,
+                };
+                let met = r.map(|r| if higher { r >= bound } else { r <= bound });
+                (r.map(|r| format!("{r:.2}× {a}")), met)
+            }
+            None => {
+                let met = value.map(|v| if higher { v >= bound } else { v <= bound });
+                (value.map(fmt_value), met)
+            }
+        };
+        let status = match met {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "n/a",
+        };
+        let _ = writeln!(
+            goal_text,
+            "  {status:<8} {label:<44} {}",
+            figure.as_deref().unwrap_or("—")
+        );
+        goals.push(json!({
+            "goal": label, "column": t, "measure": m, "against": against, "bound": bound,
+            "figure": figure, "met": met,
+        }));
+    }
+    let micro = criterion.map(placement_micro);
+    if let Some((text, _)) = &micro {
+        goal_text.push_str(text);
+    }
+    let mut note_text = String::new();
+    if !notes.is_empty() {
+        note_text.push_str("\nnotes:\n");
+        for (t, n) in &notes {
+            let _ = writeln!(note_text, "  {t}: {n}");
+        }
+    }
+    print!("{table}{goal_text}{note_text}");
+
+    let mut results = serde_json::Map::new();
+    for (t, name) in TARGETS {
+        let mut col = serde_json::Map::new();
+        for (key, _, unit, higher) in MEASURES {
+            if let Some(v) = get(t, key) {
+                col.insert(
+                    key.into(),
+                    json!({
+                        "median": v,
+                        "runs": runs.get(&(t.to_string(), key.to_string())),
+                        "ratio_to_direct": ratio(t, key),
+                        "unit": unit,
+                        "higher_is_better": higher,
+                    }),
+                );
+            }
+        }
+        results.insert(name.into(), Value::Object(col));
+    }
+    let meta: serde_json::Map<String, Value> = meta
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+        .collect();
+    let doc = json!({
+        "meta": meta,
+        "results": results,
+        "goals": goals,
+        "notes": notes.iter().map(|(t, n)| json!({"column": t, "note": n})).collect::<Vec<_>>(),
+        "micro": micro.map(|(_, json)| json),
+        "table": table,
+    });
+    std::fs::write(out, serde_json::to_string_pretty(&doc)? + "\n")?;
+    Ok(())
+}
