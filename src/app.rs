@@ -15,6 +15,7 @@ use crate::health::classify::CaptchaRules;
 use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{AnyStore, Store};
 use crate::upstream::connect::Connector;
 use crate::upstream::reuse::ConnPool;
@@ -70,13 +71,22 @@ pub enum Drained {
 
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let config = Arc::new(config);
+    let instance_id = instance_id();
     let store = match &config.store {
         StoreConfig::Memory => AnyStore::Memory(MemoryStore::new()),
-        StoreConfig::Redis { .. } => {
-            return Err(StartError::Store(
-                "the redis store is not available in this build yet".into(),
-            ));
-        }
+        StoreConfig::Redis {
+            url,
+            timeout,
+            key_prefix,
+        } => AnyStore::Redis(
+            RedisStore::new(RedisSettings {
+                url: url.clone(),
+                timeout: *timeout,
+                key_prefix: key_prefix.clone(),
+                instance_id: instance_id.clone(),
+            })
+            .map_err(|e| StartError::Store(e.to_string()))?,
+        ),
     };
     let health = health::Registry::default();
     let pools = PoolSet::from_config(&config, &health);
@@ -109,7 +119,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         tasks: TaskTracker::new(),
         shutdown: CancellationToken::new(),
         started: std::time::Instant::now(),
-        instance_id: instance_id(),
+        instance_id,
         config: config.clone(),
     });
 
@@ -151,6 +161,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         proxy = %proxy_addr,
         admin = %admin_addr,
         store = gw.store.kind(),
+        store_health = gw.store.health(),
         pools = config.pools.len(),
         "poolgate listening"
     );
