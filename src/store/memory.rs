@@ -43,6 +43,35 @@ impl Default for MemoryStore {
 struct PoolEntry {
     state: Mutex<PoolState>,
     released: Arc<Notify>,
+    /// When the scheduled lease-expiry wake-up fires, if one is pending.
+    wake_at: Mutex<Option<Instant>>,
+}
+
+impl PoolEntry {
+    /// Wakes waiting requests when the earliest lease expires: capacity held by a lease nobody
+    /// releases comes back without a release to announce it.
+    fn schedule_wake(self: &Arc<Self>, at: Instant) {
+        {
+            let mut pending = self.wake_at.lock().unwrap_or_else(|e| e.into_inner());
+            if pending.is_some_and(|t| t <= at && t > Instant::now()) {
+                return;
+            }
+            *pending = Some(at);
+        }
+        let entry = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            // A pool that was dropped meanwhile has nobody left to wake.
+            let Some(entry) = entry.upgrade() else { return };
+            {
+                let mut pending = entry.wake_at.lock().unwrap_or_else(|e| e.into_inner());
+                if *pending == Some(at) {
+                    *pending = None;
+                }
+            }
+            entry.released.notify_waiters();
+        });
+    }
 }
 
 struct PoolState {
@@ -370,6 +399,7 @@ impl Store for MemoryStore {
             Arc::new(PoolEntry {
                 state: Mutex::new(state),
                 released: Arc::new(Notify::new()),
+                wake_at: Mutex::new(None),
             }),
         );
         Ok(())
@@ -378,16 +408,33 @@ impl Store for MemoryStore {
     async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
         let entry = self.entry(pool)?;
         let now = Instant::now();
-        let mut state = lock(&entry);
-        Ok(match want {
-            Want::Any { exclude } => state.acquire_any(exclude, now),
-            Want::Session {
-                key,
-                ttl,
-                preferred,
-                rebind,
-            } => state.acquire_session(key, ttl, preferred, rebind, now),
-        })
+        let (acquired, earliest) = {
+            let mut state = lock(&entry);
+            let acquired = match want {
+                Want::Any { exclude } => state.acquire_any(exclude, now),
+                Want::Session {
+                    key,
+                    ttl,
+                    preferred,
+                    rebind,
+                } => state.acquire_session(key, ttl, preferred, rebind, now),
+            };
+            let earliest = (acquired == Acquired::AtCapacity)
+                .then(|| {
+                    state
+                        .members
+                        .values()
+                        .flat_map(|m| m.leases.values())
+                        .min()
+                        .copied()
+                })
+                .flatten();
+            (acquired, earliest)
+        };
+        if let Some(at) = earliest {
+            entry.schedule_wake(at);
+        }
+        Ok(acquired)
     }
 
     async fn release(

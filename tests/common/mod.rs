@@ -21,6 +21,7 @@ pub mod fake_proxy;
 pub mod fake_socks;
 pub mod gateway;
 pub mod origin;
+pub mod redis_server;
 pub mod tls;
 
 // Re-exports: not every test file uses every helper.
@@ -32,6 +33,8 @@ pub use fake_socks::{FakeSocks, FakeSocksOpts, SocksAddr, SocksRequest};
 pub use gateway::TestGateway;
 #[allow(unused_imports)]
 pub use origin::{Origin, OriginBehaviour, RecordedRequest, pattern_bytes};
+#[allow(unused_imports)]
+pub use redis_server::{RedisCluster, RedisServer};
 #[allow(unused_imports)]
 pub use tls::TestCa;
 

@@ -86,6 +86,7 @@ pub(super) async fn run(inner: Arc<Inner>) {
                 }
                 delay = RECONNECT_MIN;
                 let why = serve(&inner, conn, pushes, &mut channels).await;
+                inner.subscribed.send_replace(Default::default());
                 if inner.stop.is_cancelled() {
                     return;
                 }
@@ -156,7 +157,10 @@ async fn serve(
                 _ => return "subscribe failed",
             }
         }
-        subscribed = wanted;
+        if subscribed != wanted {
+            subscribed = wanted;
+            inner.subscribed.send_replace(subscribed.clone());
+        }
         tokio::select! {
             push = pushes.recv() => match push {
                 None => return "connection closed",

@@ -265,6 +265,8 @@ struct Inner {
     changes: broadcast::Sender<MemberChange>,
     /// The events channels to subscribe to (one per pool).
     channels: watch::Sender<BTreeSet<String>>,
+    /// The channels the events connection is subscribed to right now.
+    subscribed: watch::Sender<BTreeSet<String>>,
     stop: CancellationToken,
 }
 
@@ -383,6 +385,7 @@ impl RedisStore {
             backlog: Mutex::default(),
             changes: broadcast::channel(MEMBER_CHANGES_CAPACITY).0,
             channels: watch::channel(BTreeSet::new()).0,
+            subscribed: watch::channel(BTreeSet::new()).0,
             stop: stop.clone(),
         });
         tokio::spawn(events::run(inner.clone()));
@@ -841,6 +844,18 @@ impl Store for RedisStore {
             Ok(fresh) => {
                 if fresh {
                     tracing::info!(pool = %spec.name, store = %inner.redacted, "pool declared in redis");
+                }
+                // Hear the pool's events before serving it (bounded: events are a latency
+                // optimisation, never a reason not to serve).
+                let mut subscribed = inner.subscribed.subscribe();
+                let heard = tokio::time::timeout(
+                    inner.timeout.max(Duration::from_secs(1)),
+                    subscribed.wait_for(|s| s.contains(&p.keys.events)),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok());
+                if !heard {
+                    tracing::warn!(pool = %spec.name, "not yet subscribed to the pool's redis events");
                 }
                 p.notify.notify_waiters();
                 Ok(())
