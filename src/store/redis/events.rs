@@ -211,13 +211,13 @@ async fn on_message(inner: &Inner, data: Vec<Value>) {
     };
     let (name, p) = pool;
     match Event::parse(&payload) {
-        Some(Event::Released) => p.notify.notify_waiters(),
+        Some(Event::Released) => p.wake(),
         Some(Event::Member {
             origin,
             upstream,
             state,
         }) => {
-            p.notify.notify_waiters();
+            p.wake();
             if origin != inner.instance {
                 inner
                     .member_changed_elsewhere(&name, UpstreamId::new(upstream), state)

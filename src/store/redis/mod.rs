@@ -29,7 +29,7 @@ mod scripts;
 pub use keys::{DEFAULT_KEY_PREFIX, Target, parse_target, redact};
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -242,6 +242,22 @@ struct PoolLocal {
     restoring: tokio::sync::Mutex<Option<std::time::Instant>>,
     /// When the scheduled lease-expiry wake-up fires (ms since the epoch).
     wake_at: Mutex<Option<u64>>,
+    /// Counts every event that may have freed capacity (release, expiry, member change,
+    /// reconnection): an "at capacity" answer stays true until it moves.
+    epoch: AtomicU64,
+    /// The last plain acquire found every candidate at its cap.
+    full: AtomicBool,
+    /// While the pool is full, plain acquires ask Redis one at a time: the epoch at which the last
+    /// one was sent and whether it found the pool full. See [`RedisStore::acquire`].
+    probe: tokio::sync::Mutex<Option<(u64, bool)>>,
+}
+
+impl PoolLocal {
+    /// Capacity may have appeared: move the epoch, then wake every waiting request.
+    fn wake(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
 }
 
 struct Inner {
@@ -424,9 +440,15 @@ impl Inner {
             .collect()
     }
 
+    /// Whether the pool's events reach this instance right now (else nothing may be assumed
+    /// from the absence of events).
+    fn hears_events(&self, p: &PoolLocal) -> bool {
+        self.subscribed.borrow().contains(&p.keys.events)
+    }
+
     fn notify_all(&self) {
         for p in self.all_pools() {
-            p.notify.notify_waiters();
+            p.wake();
         }
     }
 
@@ -778,103 +800,23 @@ impl Inner {
                     *at = None;
                 }
             }
-            p.notify.notify_waiters();
+            p.wake();
         });
     }
 
-    async fn fallback_acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
-        Ok(match self.fallback.acquire(pool, want).await? {
-            Acquired::Granted(g) => Acquired::Granted(Grant {
-                lease: LeaseId(g.lease.0 | FALLBACK_LEASE),
-                ..g
-            }),
-            other => other,
-        })
-    }
-
-    /// Applies a member change another instance published: to the local view, and to the
-    /// subscribers of [`Store::subscribe_member_changes`].
-    async fn member_changed_elsewhere(&self, pool: &str, upstream: UpstreamId, state: MemberState) {
-        if let Err(e) = self.fallback.set_member(pool, &upstream, state).await {
-            tracing::debug!(pool, error = %e, "member change for a pool this instance does not serve");
-            return;
-        }
-        // Nobody listening is fine.
-        let _ = self.changes.send(MemberChange {
-            pool: pool.to_string(),
-            upstream,
-            state,
-        });
-    }
-}
-
-impl Store for RedisStore {
-    async fn configure(&self, spec: PoolSpec) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        inner.fallback.configure(spec.clone()).await?;
-        let p = {
-            let mut pools = inner.pools.write().unwrap_or_else(|e| e.into_inner());
-            match pools.get(&spec.name) {
-                Some(p) => {
-                    p.spec.store(Arc::new(spec.clone()));
-                    p.clone()
-                }
-                None => {
-                    let p = Arc::new(PoolLocal {
-                        keys: PoolKeys::new(&inner.prefix, &spec.name),
-                        spec: ArcSwap::from_pointee(spec.clone()),
-                        notify: Arc::new(Notify::new()),
-                        applied: Mutex::default(),
-                        restoring: tokio::sync::Mutex::new(None),
-                        wake_at: Mutex::new(None),
-                    });
-                    pools.insert(spec.name.clone(), p.clone());
-                    p
-                }
-            }
-        };
-        inner.channels.send_modify(|c| {
-            c.insert(p.keys.events.clone());
-        });
-        if inner.is_degraded() {
-            // The recovery declares every pool.
-            return Ok(());
-        }
-        match inner.configure_remote(&p).await {
-            Ok(fresh) => {
-                if fresh {
-                    tracing::info!(pool = %spec.name, store = %inner.redacted, "pool declared in redis");
-                }
-                // Hear the pool's events before serving it (bounded: events are a latency
-                // optimisation, never a reason not to serve).
-                let mut subscribed = inner.subscribed.subscribe();
-                let heard = tokio::time::timeout(
-                    inner.timeout.max(Duration::from_secs(1)),
-                    subscribed.wait_for(|s| s.contains(&p.keys.events)),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok());
-                if !heard {
-                    tracing::warn!(pool = %spec.name, "not yet subscribed to the pool's redis events");
-                }
-                p.notify.notify_waiters();
-                Ok(())
-            }
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Ok(())
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
-    }
-
-    async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
+    /// One acquire in Redis (or in the local view while degraded).
+    async fn acquire_remote(
+        self: &Arc<Self>,
+        pool: &str,
+        p: &Arc<PoolLocal>,
+        want: Want<'_>,
+    ) -> Result<Acquired, StoreError> {
+        let inner = self;
         if inner.is_degraded() {
             return inner.fallback_acquire(pool, want).await;
         }
         let mut restored = false;
+
         loop {
             let lease = LeaseId(rand::random::<u64>() & !FALLBACK_LEASE);
             let spec = p.spec.load();
@@ -948,7 +890,7 @@ impl Store for RedisStore {
                     earliest_deadline_ms,
                 } => {
                     if let Some(at) = earliest_deadline_ms {
-                        inner.schedule_wake(&p, at);
+                        inner.schedule_wake(p, at);
                     }
                     Acquired::AtCapacity
                 }
@@ -958,7 +900,7 @@ impl Store for RedisStore {
                 AcquireReply::NoCandidates => Acquired::NoCandidates,
                 AcquireReply::Unconfigured if !restored => {
                     restored = true;
-                    match inner.restore_pool(&p).await {
+                    match inner.restore_pool(p).await {
                         Ok(()) => continue,
                         Err(Fault::Down(why)) => {
                             inner.degrade(&why);
@@ -972,6 +914,128 @@ impl Store for RedisStore {
                 }
             });
         }
+    }
+
+    async fn fallback_acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
+        Ok(match self.fallback.acquire(pool, want).await? {
+            Acquired::Granted(g) => Acquired::Granted(Grant {
+                lease: LeaseId(g.lease.0 | FALLBACK_LEASE),
+                ..g
+            }),
+            other => other,
+        })
+    }
+
+    /// Applies a member change another instance published: to the local view, and to the
+    /// subscribers of [`Store::subscribe_member_changes`].
+    async fn member_changed_elsewhere(&self, pool: &str, upstream: UpstreamId, state: MemberState) {
+        if let Err(e) = self.fallback.set_member(pool, &upstream, state).await {
+            tracing::debug!(pool, error = %e, "member change for a pool this instance does not serve");
+            return;
+        }
+        // Nobody listening is fine.
+        let _ = self.changes.send(MemberChange {
+            pool: pool.to_string(),
+            upstream,
+            state,
+        });
+    }
+}
+
+impl Store for RedisStore {
+    async fn configure(&self, spec: PoolSpec) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        inner.fallback.configure(spec.clone()).await?;
+        let p = {
+            let mut pools = inner.pools.write().unwrap_or_else(|e| e.into_inner());
+            match pools.get(&spec.name) {
+                Some(p) => {
+                    p.spec.store(Arc::new(spec.clone()));
+                    p.clone()
+                }
+                None => {
+                    let p = Arc::new(PoolLocal {
+                        keys: PoolKeys::new(&inner.prefix, &spec.name),
+                        spec: ArcSwap::from_pointee(spec.clone()),
+                        notify: Arc::new(Notify::new()),
+                        applied: Mutex::default(),
+                        restoring: tokio::sync::Mutex::new(None),
+                        wake_at: Mutex::new(None),
+                        epoch: AtomicU64::new(0),
+                        full: AtomicBool::new(false),
+                        probe: tokio::sync::Mutex::new(None),
+                    });
+                    pools.insert(spec.name.clone(), p.clone());
+                    p
+                }
+            }
+        };
+        inner.channels.send_modify(|c| {
+            c.insert(p.keys.events.clone());
+        });
+        if inner.is_degraded() {
+            // The recovery declares every pool.
+            return Ok(());
+        }
+        match inner.configure_remote(&p).await {
+            Ok(fresh) => {
+                if fresh {
+                    tracing::info!(pool = %spec.name, store = %inner.redacted, "pool declared in redis");
+                }
+                // Hear the pool's events before serving it (bounded: events are a latency
+                // optimisation, never a reason not to serve).
+                let mut subscribed = inner.subscribed.subscribe();
+                let heard = tokio::time::timeout(
+                    inner.timeout.max(Duration::from_secs(1)),
+                    subscribed.wait_for(|s| s.contains(&p.keys.events)),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok());
+                if !heard {
+                    tracing::warn!(pool = %spec.name, "not yet subscribed to the pool's redis events");
+                }
+                p.wake();
+                Ok(())
+            }
+            Err(Fault::Down(why)) => {
+                inner.degrade(&why);
+                Ok(())
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+
+    /// Plain requests waiting for capacity are woken all at once by every release (as with the
+    /// memory store), and each would cost a round trip. So while the pool is known to be full,
+    /// plain acquires (no session, nothing excluded) go to Redis one at a time, and one that
+    /// arrived no later than the last answer "full" was asked takes that answer without asking
+    /// again: nothing that frees capacity happened since (every such thing moves the epoch).
+    /// A burst of waiters then costs about two round trips per release, not one per waiter.
+    async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        let plain = matches!(want, Want::Any { exclude } if exclude.is_empty());
+        if !plain || !p.full.load(Ordering::SeqCst) || !inner.hears_events(&p) {
+            let r = inner.acquire_remote(pool, &p, want).await;
+            if plain {
+                p.full
+                    .store(matches!(r, Ok(Acquired::AtCapacity)), Ordering::SeqCst);
+            }
+            return r;
+        }
+        let arrival = p.epoch.load(Ordering::SeqCst);
+        let mut last = p.probe.lock().await;
+        if let Some((sent, true)) = *last {
+            if sent >= arrival && inner.hears_events(&p) {
+                return Ok(Acquired::AtCapacity);
+            }
+        }
+        let sent = p.epoch.load(Ordering::SeqCst);
+        let r = inner.acquire_remote(pool, &p, want).await;
+        let full = matches!(r, Ok(Acquired::AtCapacity));
+        *last = Some((sent, full));
+        p.full.store(full, Ordering::SeqCst);
+        r
     }
 
     async fn release(
@@ -995,7 +1059,7 @@ impl Store for RedisStore {
                     latency,
                 )
                 .await;
-            p.notify.notify_waiters();
+            p.wake();
             return r;
         }
         let deferred = || Deferred::Release {
@@ -1014,7 +1078,7 @@ impl Store for RedisStore {
         {
             Ok(freed) => {
                 if freed {
-                    p.notify.notify_waiters();
+                    p.wake();
                 }
                 Ok(())
             }
@@ -1087,7 +1151,7 @@ impl Store for RedisStore {
             state,
         };
         if inner.defer_if_degraded(deferred) {
-            p.notify.notify_waiters();
+            p.wake();
             return Ok(());
         }
         let mut restored = false;
@@ -1107,7 +1171,7 @@ impl Store for RedisStore {
                 }
                 Ok(changed) => {
                     if changed == 1 {
-                        p.notify.notify_waiters();
+                        p.wake();
                     }
                     return Ok(());
                 }
