@@ -545,6 +545,17 @@ impl Inner {
         self.degrade(why);
     }
 
+    /// Names the command connection `poolgate:<instance id>` (`CLIENT LIST`, `MONITOR`). Sent on
+    /// every pool declaration and every recovery, which covers every reconnection: the
+    /// connection is only replaced after a failed command, and a failure makes the store recover.
+    async fn name_connection(&self) -> Result<(), Fault> {
+        let name = redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(&self.client_name)
+            .clone();
+        self.query::<()>(&name).await
+    }
+
     /// Reconnects with backoff until Redis answers and the backlog is replayed.
     async fn recover(self: Arc<Self>) {
         loop {
@@ -577,11 +588,7 @@ impl Inner {
     /// One reconnection attempt: name the connection, re-declare every pool, re-apply member
     /// settings, replay the backlog, then leave degraded mode.
     async fn try_recover(&self) -> Result<(), Fault> {
-        let name = redis::cmd("CLIENT")
-            .arg("SETNAME")
-            .arg(&self.client_name)
-            .clone();
-        self.query::<()>(&name).await?;
+        self.name_connection().await?;
         let mut restored = 0usize;
         for p in self.all_pools() {
             if self.configure_remote(&p).await? {
@@ -929,6 +936,11 @@ impl Inner {
     /// Applies a member change another instance published: to the local view, and to the
     /// subscribers of [`Store::subscribe_member_changes`].
     async fn member_changed_elsewhere(&self, pool: &str, upstream: UpstreamId, state: MemberState) {
+        tracing::info!(
+            pool, upstream = %upstream, eligible = state.eligible,
+            keeps_sessions = state.keeps_sessions, cost = state.cost,
+            "member setting from another instance"
+        );
         if let Err(e) = self.fallback.set_member(pool, &upstream, state).await {
             tracing::debug!(pool, error = %e, "member change for a pool this instance does not serve");
             return;
@@ -977,7 +989,11 @@ impl Store for RedisStore {
             // The recovery declares every pool.
             return Ok(());
         }
-        match inner.configure_remote(&p).await {
+        let declared = match inner.name_connection().await {
+            Ok(()) => inner.configure_remote(&p).await,
+            Err(f) => Err(f),
+        };
+        match declared {
             Ok(fresh) => {
                 if fresh {
                     tracing::info!(pool = %spec.name, store = %inner.redacted, "pool declared in redis");
