@@ -585,3 +585,37 @@ async fn an_idle_instance_sends_redis_next_to_nothing() {
     assert!(sent.len() <= 1, "{sent:?}");
     assert!(sent.iter().all(|c| c == "PING"), "{sent:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_while_redis_is_down_serves_and_joins_when_it_comes_up() {
+    common::init_tracing();
+    let mut redis = RedisServer::start().await;
+    redis.stop();
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(2).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    assert_eq!(store_health(&gw).await, "degraded");
+    let client = client_via(&gw);
+    let url = origin.url("/ok");
+    for _ in 0..10 {
+        let started = Instant::now();
+        assert_eq!(get(&client, &url, None).await.0, 200);
+        assert!(started.elapsed() < Duration::from_millis(500));
+    }
+    redis.restart().await;
+    let back = wait_health(&gw, "ok", Duration::from_secs(10)).await;
+    eprintln!("started without redis; joined it {back:?} after it came up");
+    assert_eq!(redis.cli(&["EXISTS", "pg:{default}:meta"]).trim(), "1");
+    // The first request loads the scripts into the fresh server (EVALSHA, NOSCRIPT, LOAD).
+    assert_eq!(get(&client, &url, None).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = redis.command_calls().get("evalsha").copied().unwrap_or(0);
+    assert_eq!(get(&client, &url, None).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        redis.command_calls()["evalsha"] - before,
+        2,
+        "served from redis again"
+    );
+}

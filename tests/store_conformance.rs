@@ -693,6 +693,7 @@ async fn member_changes_reach_other_instances(b: &Backend) {
                 state: out
             }
         );
+        eprintln!("member change delivered to the other instance in {took:?}");
         assert!(took < Duration::from_millis(100), "took {took:?}");
         // Applying the same setting again publishes nothing.
         c[1].set_member(&spec.name, &m[0], out).await.unwrap();

@@ -570,9 +570,13 @@ impl Inner {
                 }
                 match self.try_recover().await {
                     Ok(()) => break,
-                    Err(Fault::Down(why) | Fault::Broken(why)) => {
+                    Err(Fault::Down(why)) => {
                         tracing::debug!(store = %self.redacted, reason = %why, "redis still unreachable");
                         delay = (delay * 2).min(RECONNECT_MAX);
+                    }
+                    Err(Fault::Broken(why)) => {
+                        tracing::warn!(store = %self.redacted, reason = %why, "redis answers but refuses the shared state; still degraded");
+                        delay = RECONNECT_MAX;
                     }
                 }
             }
