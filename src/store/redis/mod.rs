@@ -64,6 +64,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 const MAX_BACKLOG: usize = 100_000;
 /// Marks leases granted by the fallback store while degraded, so their release goes there too.
 const FALLBACK_LEASE: u64 = 1 << 63;
+/// Failed reconnection attempts in a row after which the connection is replaced by a new one.
+const FRESH_CONNECTION_AFTER: u32 = 3;
 /// Member changes buffered per subscriber before the slowest one misses some.
 const MEMBER_CHANGES_CAPACITY: usize = 1024;
 /// Within this long after a pool's state was restored, another "unconfigured" answer is not
@@ -164,9 +166,18 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per store, built once and never moved on the hot path"
+)]
 enum Remote {
-    /// Reconnects by itself after a failed command.
-    Single(ConnectionManager),
+    /// Reconnects by itself after a failed command; replaced whole when calls keep timing out
+    /// (a connection whose peer vanished without closing it never fails, it only goes silent).
+    Single {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        manager: ArcSwap<ConnectionManager>,
+    },
     /// Connected on first use (and again after a failed first connection).
     Cluster {
         client: Box<ClusterClient>,
@@ -356,9 +367,17 @@ impl RedisStore {
                     .set_number_of_retries(1)
                     .set_min_delay(Duration::from_millis(50))
                     .set_max_delay(Duration::from_millis(500));
-                let manager = ConnectionManager::new_lazy_with_config(client, config)
-                    .map_err(|e| bad(&e.to_string()))?;
-                (Remote::Single(manager), vec![events])
+                let manager =
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                        .map_err(|e| bad(&e.to_string()))?;
+                (
+                    Remote::Single {
+                        client,
+                        config,
+                        manager: ArcSwap::from_pointee(manager),
+                    },
+                    vec![events],
+                )
             }
             Target::Cluster(nodes) => {
                 let client = ClusterClient::builder(nodes.clone())
@@ -454,7 +473,7 @@ impl Inner {
 
     async fn conn(&self) -> Result<Conn, Fault> {
         match &self.remote {
-            Remote::Single(m) => Ok(Conn::Single(m.clone())),
+            Remote::Single { manager, .. } => Ok(Conn::Single((**manager.load()).clone())),
             Remote::Cluster {
                 client,
                 conn,
@@ -474,6 +493,21 @@ impl Inner {
                 conn.store(Some(Arc::new(c.clone())));
                 Ok(Conn::Cluster(c))
             }
+        }
+    }
+
+    /// Drops the current connection for a new one (made on next use).
+    fn fresh_connection(&self) {
+        match &self.remote {
+            Remote::Single {
+                client,
+                config,
+                manager,
+            } => match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
+                Ok(m) => manager.store(Arc::new(m)),
+                Err(e) => tracing::debug!(error = %e, "cannot prepare a new redis connection"),
+            },
+            Remote::Cluster { conn, .. } => conn.store(None),
         }
     }
 
@@ -560,6 +594,7 @@ impl Inner {
     async fn recover(self: Arc<Self>) {
         loop {
             let mut delay = RECONNECT_MIN;
+            let mut failures = 0u32;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -573,6 +608,10 @@ impl Inner {
                     Err(Fault::Down(why)) => {
                         tracing::debug!(store = %self.redacted, reason = %why, "redis still unreachable");
                         delay = (delay * 2).min(RECONNECT_MAX);
+                        failures += 1;
+                        if failures % FRESH_CONNECTION_AFTER == 0 {
+                            self.fresh_connection();
+                        }
                     }
                     Err(Fault::Broken(why)) => {
                         tracing::warn!(store = %self.redacted, reason = %why, "redis answers but refuses the shared state; still degraded");
