@@ -1,10 +1,10 @@
 //! The shared store: one pool state in Redis for every gateway instance.
 //!
-//! Every decision is one Lua script of `lua/` run atomically on the server (see [`scripts`]), so
+//! Every decision is one Lua script of `lua/` run atomically on the server (see `scripts.rs`), so
 //! instances never double-book an upstream or disagree about a session. A request costs two
 //! commands: `acquire.lua` before connecting and `release.lua` after the exchange (the release
 //! runs off the response path). Instances hear of each other through one pub/sub channel per pool
-//! (see [`events`]): releases that free capacity wake waiting requests everywhere, and member
+//! (see `events.rs`): releases that free capacity wake waiting requests everywhere, and member
 //! settings decided elsewhere reach [`Store::subscribe_member_changes`]. An idle instance sends
 //! nothing but a PING on its events connection every 30 s.
 //!
