@@ -21,6 +21,7 @@ use crate::limits::ClientConns;
 use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{AnyStore, Store};
 use crate::upstream::connect::{Connector, Resolve};
 use crate::upstream::reuse::ConnPool;
@@ -94,13 +95,22 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 
 pub async fn start_with(config: Config, options: StartOptions) -> Result<Running, StartError> {
     let config = Arc::new(config);
+    let instance_id = instance_id();
     let store = match &config.store {
         StoreConfig::Memory => AnyStore::Memory(MemoryStore::new()),
-        StoreConfig::Redis { .. } => {
-            return Err(StartError::Store(
-                "the redis store is not available in this build yet".into(),
-            ));
-        }
+        StoreConfig::Redis {
+            url,
+            timeout,
+            key_prefix,
+        } => AnyStore::Redis(
+            RedisStore::new(RedisSettings {
+                url: url.clone(),
+                timeout: *timeout,
+                key_prefix: key_prefix.clone(),
+                instance_id: instance_id.clone(),
+            })
+            .map_err(|e| StartError::Store(e.to_string()))?,
+        ),
     };
     let health = health::Registry::default();
     let pools = PoolSet::from_config(&config, &health);
@@ -145,7 +155,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         tasks: TaskTracker::new(),
         shutdown: CancellationToken::new(),
         started: std::time::Instant::now(),
-        instance_id: instance_id(),
+        instance_id,
         live: ArcSwap::new(config.clone()),
         config: config.clone(),
         policy,
@@ -197,6 +207,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         proxy = %proxy_addr,
         admin = %admin_addr,
         store = gw.store.kind(),
+        store_health = gw.store.health(),
         pools = config.pools.len(),
         "poolgate listening"
     );

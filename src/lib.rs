@@ -20,7 +20,8 @@
 //!   [`proxy::headers`] (hygiene), [`proxy::observe`] (lease held while the body streams).
 //! - [`pool`]: pools, [`pool::select`] (which upstream), [`pool::rendezvous`] (sticky placement),
 //!   [`pool::lease`].
-//! - [`store`]: the [`store::Store`] interface and its backends.
+//! - [`store`]: the [`store::Store`] interface and its backends: [`store::memory`] (embedded)
+//!   and [`store::redis`] (shared by instances; one Lua script of `lua/` per decision).
 //! - [`upstream`]: upstream URLs and ids, [`upstream::connect`] (http/https/socks5/direct),
 //!   [`upstream::reuse`] (keep-alive), [`upstream::tls`].
 //! - [`health`]: outcomes of exchanges.

@@ -125,7 +125,11 @@ pub async fn collect(gw: &Gateway) -> Status {
         uptime_s: gw.started.elapsed().as_secs(),
         store: StoreStatus {
             kind: gw.store.kind(),
-            health: if store_ok { "ok" } else { "degraded" },
+            health: if store_ok {
+                gw.store.health()
+            } else {
+                "degraded"
+            },
         },
         pools: views,
         traffic: crate::accounting::TrafficView::collect(gw).await,

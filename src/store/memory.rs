@@ -4,16 +4,16 @@
 //! nothing awaits while holding it. Time comes from `tokio::time::Instant`, so tests drive lease
 //! and session expiry with a paused clock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
 use super::{
-    Acquired, Grant, LeaseId, MemberState, MemberStatus, PoolSpec, PoolStatus, Store, StoreError,
-    Want,
+    Acquired, Grant, HEALTH_OK, LeaseId, LockToken, MemberChange, MemberState, PoolSpec,
+    PoolStatus, Store, StoreError, Want,
 };
 use crate::config::Strategy;
 use crate::health::Outcome;
@@ -22,14 +22,56 @@ use crate::upstream::UpstreamId;
 /// How often expired session bindings are swept out, at most.
 const SESSION_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-#[derive(Default)]
 pub struct MemoryStore {
     pools: RwLock<HashMap<String, Arc<PoolEntry>>>,
+    /// Job locks: name → (holder's token, expiry).
+    locks: Mutex<HashMap<String, (LockToken, Instant)>>,
+    /// Kept so that subscribers wait quietly: one instance has no peers to hear from.
+    changes: broadcast::Sender<MemberChange>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            pools: RwLock::default(),
+            locks: Mutex::default(),
+            changes: broadcast::channel(1).0,
+        }
+    }
 }
 
 struct PoolEntry {
     state: Mutex<PoolState>,
     released: Arc<Notify>,
+    /// When the scheduled lease-expiry wake-up fires, if one is pending.
+    wake_at: Mutex<Option<Instant>>,
+}
+
+impl PoolEntry {
+    /// Wakes waiting requests when the earliest lease expires: capacity held by a lease nobody
+    /// releases comes back without a release to announce it.
+    fn schedule_wake(self: &Arc<Self>, at: Instant) {
+        {
+            let mut pending = self.wake_at.lock().unwrap_or_else(|e| e.into_inner());
+            if pending.is_some_and(|t| t <= at && t > Instant::now()) {
+                return;
+            }
+            *pending = Some(at);
+        }
+        let entry = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            // A pool that was dropped meanwhile has nobody left to wake.
+            let Some(entry) = entry.upgrade() else { return };
+            {
+                let mut pending = entry.wake_at.lock().unwrap_or_else(|e| e.into_inner());
+                if *pending == Some(at) {
+                    *pending = None;
+                }
+            }
+            entry.released.notify_waiters();
+        });
+    }
 }
 
 struct PoolState {
@@ -151,7 +193,8 @@ impl PoolState {
                 pick
             }
             Strategy::LeastConnections => {
-                let mut best: Option<(usize, u64, UpstreamId)> = None;
+                // Fewest live leases × cost, then fewest allocations, then configured order.
+                let mut best: Option<(u64, u64, UpstreamId)> = None;
                 let cap = self.spec.max_concurrency;
                 for id in &self.spec.members {
                     if exclude.contains(id) {
@@ -160,16 +203,20 @@ impl PoolState {
                     let Some(m) = self.members.get_mut(id) else {
                         continue;
                     };
+                    if !(m.in_pool && m.state.eligible) {
+                        continue;
+                    }
                     saw_candidate = true;
                     let live = m.live_leases(now);
                     if cap.is_some_and(|c| live >= c as usize) {
                         continue;
                     }
+                    let load = live as u64 * u64::from(m.state.cost.max(1));
                     if best
                         .as_ref()
-                        .is_none_or(|(l, a, _)| (live, m.allocs) < (*l, *a))
+                        .is_none_or(|(l, a, _)| (load, m.allocs) < (*l, *a))
                     {
-                        best = Some((live, m.allocs, id.clone()));
+                        best = Some((load, m.allocs, id.clone()));
                     }
                 }
                 best.map(|(_, _, id)| id)
@@ -352,6 +399,7 @@ impl Store for MemoryStore {
             Arc::new(PoolEntry {
                 state: Mutex::new(state),
                 released: Arc::new(Notify::new()),
+                wake_at: Mutex::new(None),
             }),
         );
         Ok(())
@@ -360,16 +408,33 @@ impl Store for MemoryStore {
     async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
         let entry = self.entry(pool)?;
         let now = Instant::now();
-        let mut state = lock(&entry);
-        Ok(match want {
-            Want::Any { exclude } => state.acquire_any(exclude, now),
-            Want::Session {
-                key,
-                ttl,
-                preferred,
-                rebind,
-            } => state.acquire_session(key, ttl, preferred, rebind, now),
-        })
+        let (acquired, earliest) = {
+            let mut state = lock(&entry);
+            let acquired = match want {
+                Want::Any { exclude } => state.acquire_any(exclude, now),
+                Want::Session {
+                    key,
+                    ttl,
+                    preferred,
+                    rebind,
+                } => state.acquire_session(key, ttl, preferred, rebind, now),
+            };
+            let earliest = (acquired == Acquired::AtCapacity)
+                .then(|| {
+                    state
+                        .members
+                        .values()
+                        .flat_map(|m| m.leases.values())
+                        .min()
+                        .copied()
+                })
+                .flatten();
+            (acquired, earliest)
+        };
+        if let Some(at) = earliest {
+            entry.schedule_wake(at);
+        }
+        Ok(acquired)
     }
 
     async fn release(
@@ -469,29 +534,14 @@ impl Store for MemoryStore {
             .filter_map(|id| {
                 let m = state.members.get_mut(id)?;
                 let live = m.live_leases(now) as u64;
-                let outcomes: BTreeMap<&'static str, u64> = Outcome::ALL
-                    .iter()
-                    .map(|o| (o.key(), m.outcomes[o.index()]))
-                    .collect();
-                let total: u64 = Outcome::ALL
-                    .iter()
-                    .filter(|o| o.is_judgement())
-                    .map(|o| m.outcomes[o.index()])
-                    .sum();
-                let ok: u64 = Outcome::ALL
-                    .iter()
-                    .filter(|o| o.is_success())
-                    .map(|o| m.outcomes[o.index()])
-                    .sum();
-                Some(MemberStatus {
-                    id: id.to_string(),
-                    leases_live: live,
-                    allocations: m.allocs,
-                    outcomes,
-                    success_ratio_total: (total > 0).then(|| ok as f64 / total as f64),
-                    latency_avg_ms: (m.latency_count > 0)
-                        .then(|| m.latency_total.as_secs_f64() * 1000.0 / m.latency_count as f64),
-                })
+                Some(super::member_status(
+                    id,
+                    live,
+                    m.allocs,
+                    &m.outcomes,
+                    m.latency_total,
+                    m.latency_count,
+                ))
             })
             .collect();
         Ok(PoolStatus {
@@ -502,6 +552,55 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn health(&self) -> &'static str {
+        HEALTH_OK
+    }
+
+    async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<LockToken>, StoreError> {
+        let now = Instant::now();
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.retain(|_, (_, expires)| *expires > now);
+        if locks.contains_key(name) {
+            return Ok(None);
+        }
+        let token = LockToken::random();
+        locks.insert(name.to_string(), (token.clone(), now + ttl));
+        Ok(Some(token))
+    }
+
+    async fn extend_lock(
+        &self,
+        name: &str,
+        token: &LockToken,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        match locks.get_mut(name) {
+            Some((held, expires)) if held == token && *expires > now => {
+                *expires = now + ttl;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn unlock(&self, name: &str, token: &LockToken) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        match locks.get(name) {
+            Some((held, expires)) if held == token && *expires > now => {
+                locks.remove(name);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange> {
+        self.changes.subscribe()
     }
 }
 

@@ -1,18 +1,19 @@
 //! Pool state: who is leased, how often each upstream was used, which session is bound where.
 //!
 //! [`Store`] is the one interface; [`memory::MemoryStore`] keeps the state in this process (the
-//! embedded default), and a Redis backend shares it between instances. Every decision that reads
-//! and then writes (acquire, release, bind) is one atomic step of the store, so concurrent requests
-//! never double-book an upstream or disagree about a session.
+//! embedded default), and [`redis::RedisStore`] shares it between instances. Every decision that
+//! reads and then writes (acquire, release, bind) is one atomic step of the store, so concurrent
+//! requests never double-book an upstream or disagree about a session.
 
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast};
 
 use crate::config::Strategy;
 use crate::health::Outcome;
@@ -89,6 +90,36 @@ pub enum Acquired {
     /// No eligible member is left to try.
     NoCandidates,
 }
+
+/// A member setting decided by another gateway instance, delivered by
+/// [`Store::subscribe_member_changes`] so this instance's health view can mirror it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberChange {
+    pub pool: String,
+    pub upstream: UpstreamId,
+    pub state: MemberState,
+}
+
+/// Proof of holding a job lock: a random token only the holder knows. A holder whose lock expired
+/// and was taken by someone else can neither extend nor release the new holder's lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockToken(String);
+
+impl LockToken {
+    /// A fresh random token (128 bits, hex).
+    pub fn random() -> Self {
+        LockToken(format!("{:032x}", rand::random::<u128>()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What `/status` says about the store: `ok`, or `degraded` while a shared store cannot be
+/// reached and the instance serves from its local view.
+pub const HEALTH_OK: &str = "ok";
+pub const HEALTH_DEGRADED: &str = "degraded";
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -178,25 +209,96 @@ pub trait Store: Send + Sync + 'static {
     fn status(&self, pool: &str) -> impl Future<Output = Result<PoolStatus, StoreError>> + Send;
 
     fn kind(&self) -> &'static str;
+
+    /// [`HEALTH_OK`], or [`HEALTH_DEGRADED`] while a shared store is unreachable.
+    fn health(&self) -> &'static str;
+
+    /// Takes the job lock `name` for `ttl` unless someone holds it. Only one holder at a time
+    /// (across every instance sharing the store); the lock expires by itself if its holder dies.
+    fn lock(
+        &self,
+        name: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<LockToken>, StoreError>> + Send;
+
+    /// Pushes the lock's expiry to `ttl` from now; false when `token` no longer holds it.
+    fn extend_lock(
+        &self,
+        name: &str,
+        token: &LockToken,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Releases the lock; false when `token` no longer holds it (nothing is released then).
+    fn unlock(
+        &self,
+        name: &str,
+        token: &LockToken,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Member settings applied by *other* instances (quarantines, restores, cost changes), as
+    /// they happen. A single-instance store never sends any.
+    fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange>;
+}
+
+/// Builds one member's `/status` figures from its raw counters (shared by the backends).
+pub(crate) fn member_status(
+    id: &UpstreamId,
+    leases_live: u64,
+    allocations: u64,
+    outcomes: &[u64; Outcome::ALL.len()],
+    latency_total: Duration,
+    latency_count: u64,
+) -> MemberStatus {
+    let by_key = Outcome::ALL
+        .iter()
+        .map(|o| (o.key(), outcomes[o.index()]))
+        .collect();
+    let total: u64 = Outcome::ALL
+        .iter()
+        .filter(|o| o.is_judgement())
+        .map(|o| outcomes[o.index()])
+        .sum();
+    let ok: u64 = Outcome::ALL
+        .iter()
+        .filter(|o| o.is_success())
+        .map(|o| outcomes[o.index()])
+        .sum();
+    MemberStatus {
+        id: id.to_string(),
+        leases_live,
+        allocations,
+        outcomes: by_key,
+        success_ratio_total: (total > 0).then(|| ok as f64 / total as f64),
+        latency_avg_ms: (latency_count > 0)
+            .then(|| latency_total.as_secs_f64() * 1000.0 / latency_count as f64),
+    }
 }
 
 /// The configured backend. An enum rather than a trait object: the trait's async methods are not
 /// object-safe, and a match costs nothing on the hot path.
 pub enum AnyStore {
     Memory(memory::MemoryStore),
+    Redis(redis::RedisStore),
+}
+
+/// Forwards a call to whichever backend is configured.
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $call,
+            AnyStore::Redis($s) => $call,
+        }
+    };
 }
 
 impl Store for AnyStore {
     async fn configure(&self, spec: PoolSpec) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.configure(spec).await,
-        }
+        dispatch!(self, s => s.configure(spec).await)
     }
 
     async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.acquire(pool, want).await,
-        }
+        dispatch!(self, s => s.acquire(pool, want).await)
     }
 
     async fn release(
@@ -207,9 +309,7 @@ impl Store for AnyStore {
         outcome: Outcome,
         latency: Duration,
     ) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.release(pool, upstream, lease, outcome, latency).await,
-        }
+        dispatch!(self, s => s.release(pool, upstream, lease, outcome, latency).await)
     }
 
     async fn extend(
@@ -218,9 +318,7 @@ impl Store for AnyStore {
         upstream: &UpstreamId,
         lease: LeaseId,
     ) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.extend(pool, upstream, lease).await,
-        }
+        dispatch!(self, s => s.extend(pool, upstream, lease).await)
     }
 
     async fn set_member(
@@ -229,38 +327,51 @@ impl Store for AnyStore {
         upstream: &UpstreamId,
         state: MemberState,
     ) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.set_member(pool, upstream, state).await,
-        }
+        dispatch!(self, s => s.set_member(pool, upstream, state).await)
     }
 
     async fn end_session(&self, pool: &str, key: &str) -> Result<bool, StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.end_session(pool, key).await,
-        }
+        dispatch!(self, s => s.end_session(pool, key).await)
     }
 
     async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.unbind(pool, key, upstream).await,
-        }
+        dispatch!(self, s => s.unbind(pool, key, upstream).await)
     }
 
     fn release_signal(&self, pool: &str) -> Arc<Notify> {
-        match self {
-            AnyStore::Memory(s) => s.release_signal(pool),
-        }
+        dispatch!(self, s => s.release_signal(pool))
     }
 
     async fn status(&self, pool: &str) -> Result<PoolStatus, StoreError> {
-        match self {
-            AnyStore::Memory(s) => s.status(pool).await,
-        }
+        dispatch!(self, s => s.status(pool).await)
     }
 
     fn kind(&self) -> &'static str {
-        match self {
-            AnyStore::Memory(s) => s.kind(),
-        }
+        dispatch!(self, s => s.kind())
+    }
+
+    fn health(&self) -> &'static str {
+        dispatch!(self, s => s.health())
+    }
+
+    async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<LockToken>, StoreError> {
+        dispatch!(self, s => s.lock(name, ttl).await)
+    }
+
+    async fn extend_lock(
+        &self,
+        name: &str,
+        token: &LockToken,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.extend_lock(name, token, ttl).await)
+    }
+
+    async fn unlock(&self, name: &str, token: &LockToken) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.unlock(name, token).await)
+    }
+
+    fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange> {
+        dispatch!(self, s => s.subscribe_member_changes())
     }
 }

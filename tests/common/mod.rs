@@ -22,6 +22,7 @@ pub mod fake_socks;
 pub mod gateway;
 pub mod origin;
 pub mod raw_upstream;
+pub mod redis_server;
 pub mod tls;
 
 // Re-exports: not every test file uses every helper.
@@ -33,6 +34,8 @@ pub use fake_socks::{FakeSocks, FakeSocksOpts, SocksAddr, SocksRequest};
 pub use gateway::TestGateway;
 #[allow(unused_imports)]
 pub use origin::{Origin, OriginBehaviour, RecordedRequest, pattern_bytes};
+#[allow(unused_imports)]
+pub use redis_server::{RedisCluster, RedisServer};
 #[allow(unused_imports)]
 pub use tls::TestCa;
 

@@ -1,0 +1,260 @@
+-- acquire.lua: picks an upstream of one pool and leases it, in one atomic step.
+--
+-- A sticky request keeps its bound upstream (refreshing the binding's sliding TTL) or binds the
+-- first eligible upstream of its consistent-hash order, set-if-absent: two gateways racing to bind
+-- the same new key agree, because the second one finds the first one's binding. Any other request
+-- takes the pool's strategy over the eligible members that are below their concurrency cap:
+-- least-used / weighted (lowest allocation score; the score grows by the member's cost per
+-- lease), least-connections (fewest live leases x cost) or round-robin (a cursor in the meta
+-- hash). Expired leases (their gateway died) are purged first, so their capacity is back.
+--
+-- KEYS[1]  meta      HASH    rr = round-robin cursor; the key exists once the pool is configured
+-- KEYS[2]  state     HASH    upstream -> "e|k|c|s|r": eligible, keeps sessions, cost,
+--                            saved allocation score (while not eligible), round-robin credit
+-- KEYS[3]  members   ZSET    eligible upstream -> allocation score
+-- KEYS[4]  order     ZSET    upstream -> position in the configured list
+-- KEYS[5]  leases    ZSET    lease id -> deadline (ms)
+-- KEYS[6]  lease_up  HASH    lease id -> upstream
+-- KEYS[7]  live      HASH    upstream -> live lease count
+-- KEYS[8]  sessions  ZSET    session key -> expiry (ms); only counts sessions for status
+-- KEYS[9]  sess      STRING  the session's upstream, PX = session TTL (session mode only)
+--
+-- ARGV[1]  now (ms)           ARGV[2]  lease id (chosen by the caller, unique)
+-- ARGV[3]  lease TTL (ms)     ARGV[4]  cap: live leases per upstream (0 = none)
+-- ARGV[5]  strategy: least-used | weighted | least-connections | round-robin
+-- ARGV[6]  events channel (a purge that freed capacity publishes "r")
+-- ARGV[7]  mode: any | session
+--   any:     ARGV[8..]  upstreams to exclude (already tried)
+--   session: ARGV[8] session TTL (ms)  ARGV[9] rebind (0|1)  ARGV[10] session key
+--            ARGV[11..] preferred upstreams, in consistent-hash order
+--
+-- Returns  {"granted", upstream, bound_now "0"|"1"}
+--        | {"cap", earliest lease deadline (ms) or "-1"}   every candidate is at its cap
+--        | {"unavailable", upstream}                      the session's upstream cannot serve it
+--        | {"none"}                                       no eligible candidate at all
+--        | {"unconfigured"}                               the pool's state is missing (a reset)
+
+local now = tonumber(ARGV[1])
+local lease = ARGV[2]
+local lease_ttl = tonumber(ARGV[3])
+local cap = tonumber(ARGV[4])
+local strategy = ARGV[5]
+local channel = ARGV[6]
+local mode = ARGV[7]
+
+-- Validate everything before the first write: Redis does not roll back a half-run script.
+if #KEYS < 8 or not now or not lease_ttl or lease_ttl <= 0 or not cap or cap < 0
+    or not lease or lease == '' or not channel then
+  return redis.error_reply('ERR acquire: bad arguments')
+end
+if strategy ~= 'least-used' and strategy ~= 'weighted' and strategy ~= 'least-connections'
+    and strategy ~= 'round-robin' then
+  return redis.error_reply('ERR acquire: unknown strategy')
+end
+local sess_ttl, rebind, skey
+if mode == 'session' then
+  sess_ttl = tonumber(ARGV[8])
+  rebind = ARGV[9] == '1'
+  skey = ARGV[10]
+  if #KEYS < 9 or not sess_ttl or sess_ttl <= 0 or not skey or skey == '' then
+    return redis.error_reply('ERR acquire: bad session arguments')
+  end
+elseif mode ~= 'any' then
+  return redis.error_reply('ERR acquire: unknown mode')
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'unconfigured'}
+end
+if redis.call('ZSCORE', KEYS[5], lease) then
+  return redis.error_reply('ERR acquire: lease id in use')
+end
+
+local CHUNK = 64
+local PURGE_MAX = 1000
+
+local function decode(v)
+  if not v then return nil end
+  local e, k, c, s, r = string.match(v, '^(%d)|(%d)|(%d+)|([^|]+)|(%d+)$')
+  if not e then return nil end
+  return {e = e == '1', k = k == '1', c = tonumber(c), s = tonumber(s) or 0, r = tonumber(r)}
+end
+
+local function encode(m)
+  return (m.e and '1' or '0') .. '|' .. (m.k and '1' or '0') .. '|' .. string.format('%d', m.c)
+    .. '|' .. string.format('%.0f', m.s) .. '|' .. string.format('%d', m.r)
+end
+
+-- Leases past their deadline are void: their gateway is presumed dead.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, PURGE_MAX)
+if #expired > 0 then
+  local ups = redis.call('HMGET', KEYS[6], unpack(expired))
+  for _, up in ipairs(ups) do
+    if up then
+      if redis.call('HINCRBY', KEYS[7], up, -1) <= 0 then
+        redis.call('HDEL', KEYS[7], up)
+      end
+    end
+  end
+  redis.call('HDEL', KEYS[6], unpack(expired))
+  redis.call('ZREM', KEYS[5], unpack(expired))
+  if cap > 0 then
+    redis.call('PUBLISH', channel, 'r')
+  end
+end
+
+local function live(up)
+  return tonumber(redis.call('HGET', KEYS[7], up) or '0')
+end
+
+local function at_cap(up)
+  return cap > 0 and live(up) >= cap
+end
+
+local function cap_reply()
+  local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+  return {'cap', first[2] or '-1'}
+end
+
+-- Leases `up` and counts the allocation: the score grows by the member's cost.
+local function grant(up, m, bound_now)
+  local cost = math.max(m.c, 1)
+  if redis.call('ZSCORE', KEYS[3], up) then
+    redis.call('ZINCRBY', KEYS[3], cost, up)
+  else
+    m.s = m.s + cost
+    redis.call('HSET', KEYS[2], up, encode(m))
+  end
+  redis.call('ZADD', KEYS[5], now + lease_ttl, lease)
+  redis.call('HSET', KEYS[6], lease, up)
+  redis.call('HINCRBY', KEYS[7], up, 1)
+  return {'granted', up, bound_now}
+end
+
+if mode == 'session' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
+  local bound = redis.call('GET', KEYS[9])
+  if bound then
+    local m = decode(redis.call('HGET', KEYS[2], bound))
+    if m and m.k then
+      -- No teleporting: a live binding keeps its upstream, even a degraded or quarantined one.
+      if at_cap(bound) then
+        return cap_reply()
+      end
+      redis.call('PEXPIRE', KEYS[9], sess_ttl)
+      redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
+      return grant(bound, m, '0')
+    end
+    if not rebind then
+      return {'unavailable', bound}
+    end
+    redis.call('DEL', KEYS[9])
+    redis.call('ZREM', KEYS[8], skey)
+  end
+  for i = 11, #ARGV do
+    local up = ARGV[i]
+    local m = decode(redis.call('HGET', KEYS[2], up))
+    if m and m.e then
+      if at_cap(up) then
+        return cap_reply()
+      end
+      redis.call('SET', KEYS[9], up, 'PX', sess_ttl)
+      redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
+      return grant(up, m, '1')
+    end
+  end
+  return {'none'}
+end
+
+local exclude = {}
+for i = 8, #ARGV do
+  exclude[ARGV[i]] = true
+end
+local saw = false
+
+if strategy == 'least-used' or strategy == 'weighted' then
+  -- Ascending score, ties by id: the first member below its cap wins.
+  local start = 0
+  while true do
+    local batch = redis.call('ZRANGE', KEYS[3], start, start + CHUNK - 1)
+    if #batch == 0 then break end
+    for _, up in ipairs(batch) do
+      if not exclude[up] then
+        local m = decode(redis.call('HGET', KEYS[2], up))
+        if m then
+          saw = true
+          if not at_cap(up) then
+            return grant(up, m, '0')
+          end
+        end
+      end
+    end
+    start = start + CHUNK
+  end
+elseif strategy == 'least-connections' then
+  -- Fewest live leases x cost, then fewest allocations, then configured order.
+  local best, best_m, best_load, best_allocs
+  local start = 0
+  while true do
+    local batch = redis.call('ZRANGE', KEYS[4], start, start + CHUNK - 1)
+    if #batch == 0 then break end
+    for _, up in ipairs(batch) do
+      if not exclude[up] then
+        local m = decode(redis.call('HGET', KEYS[2], up))
+        if m and m.e then
+          saw = true
+          local l = live(up)
+          if cap == 0 or l < cap then
+            local load = l * math.max(m.c, 1)
+            local allocs = tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s)
+            if not best or load < best_load or (load == best_load and allocs < best_allocs) then
+              best, best_m, best_load, best_allocs = up, m, load, allocs
+            end
+          end
+        end
+      end
+    end
+    start = start + CHUNK
+  end
+  if best then
+    return grant(best, best_m, '0')
+  end
+else
+  -- Round-robin from the cursor; a member of cost c takes one turn in c.
+  local n = redis.call('ZCARD', KEYS[4])
+  local cursor = tonumber(redis.call('HGET', KEYS[1], 'rr') or '0') or 0
+  if cursor >= n then cursor = 0 end
+  local step = 0
+  while step < n do
+    local idx = (cursor + step) % n
+    local stop = math.min(idx + CHUNK - 1, n - 1, idx + (n - step) - 1)
+    local batch = redis.call('ZRANGE', KEYS[4], idx, stop)
+    if #batch == 0 then break end
+    for j, up in ipairs(batch) do
+      step = step + 1
+      if not exclude[up] then
+        local m = decode(redis.call('HGET', KEYS[2], up))
+        if m and m.e then
+          saw = true
+          if not at_cap(up) then
+            if m.r + 1 < m.c then
+              m.r = m.r + 1
+              redis.call('HSET', KEYS[2], up, encode(m))
+            else
+              if m.r ~= 0 then
+                m.r = 0
+                redis.call('HSET', KEYS[2], up, encode(m))
+              end
+              redis.call('HSET', KEYS[1], 'rr', string.format('%d', (idx + j) % n))
+              return grant(up, m, '0')
+            end
+          end
+        end
+      end
+    end
+  end
+end
+
+if saw then
+  return cap_reply()
+end
+return {'none'}

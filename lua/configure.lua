@@ -1,0 +1,50 @@
+-- configure.lua: declares a pool's membership, keeping the state of members that stay.
+--
+-- A joining member starts eligible at the current minimum allocation score, so least-used does
+-- not flood it; a member that left loses its state (its live leases end or expire normally). The
+-- round-robin cursor restarts. Every gateway calls this at start and after Redis lost its data.
+--
+-- KEYS[1]  meta     HASH  rr = round-robin cursor, n = member count
+-- KEYS[2]  state    HASH  upstream -> "e|k|c|s|r" (see acquire.lua)
+-- KEYS[3]  members  ZSET  eligible upstream -> allocation score
+-- KEYS[4]  order    ZSET  upstream -> position in the configured list
+--
+-- ARGV[1..]  the members, in configured order (distinct)
+--
+-- Returns  1 when the pool was new to this Redis (its state had been lost or never existed), else 0
+
+if #KEYS < 4 then
+  return redis.error_reply('ERR configure: bad arguments')
+end
+local want = {}
+for i = 1, #ARGV do
+  if ARGV[i] == '' or want[ARGV[i]] then
+    return redis.error_reply('ERR configure: empty or duplicate member')
+  end
+  want[ARGV[i]] = true
+end
+
+local fresh = redis.call('EXISTS', KEYS[1]) == 0
+local floor = 0
+local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if first[2] then
+  floor = tonumber(first[2])
+end
+
+for _, up in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if not want[up] then
+    redis.call('HDEL', KEYS[2], up)
+    redis.call('ZREM', KEYS[3], up)
+  end
+end
+redis.call('DEL', KEYS[4])
+for i = 1, #ARGV do
+  local up = ARGV[i]
+  if not redis.call('HGET', KEYS[2], up) then
+    redis.call('HSET', KEYS[2], up, '1|1|1|' .. string.format('%.0f', floor) .. '|0')
+    redis.call('ZADD', KEYS[3], floor, up)
+  end
+  redis.call('ZADD', KEYS[4], i - 1, up)
+end
+redis.call('HSET', KEYS[1], 'rr', '0', 'n', tostring(#ARGV))
+return fresh and 1 or 0

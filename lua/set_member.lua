@@ -1,0 +1,69 @@
+-- set_member.lua: applies a health decision (quarantine, restore, cost change) to one member.
+--
+-- Health is decided in each gateway; this script only makes the allocator follow it. A member
+-- leaving eligibility keeps its allocation score aside; one coming back starts at
+-- max(its old score, the current minimum), so it is not flooded by least-used. A change is
+-- published on the pool's channel as "m\n<origin>\n<upstream>\n<eligible>\n<keeps>\n<cost>" so
+-- other gateways hear of it and requests waiting for capacity try again.
+--
+-- KEYS[1]  meta     HASH  exists once the pool is configured
+-- KEYS[2]  state    HASH  upstream -> "e|k|c|s|r" (see acquire.lua)
+-- KEYS[3]  members  ZSET  eligible upstream -> allocation score
+--
+-- ARGV[1]  upstream
+-- ARGV[2]  eligible (0|1)    ARGV[3]  keeps sessions (0|1)    ARGV[4]  cost (>= 1)
+-- ARGV[5]  events channel    ARGV[6]  origin: the deciding gateway's instance id
+--
+-- Returns  1 when the member's setting changed, 0 when it was already so or is not a member,
+--          -1 when the pool is not configured (its state was lost)
+
+local up = ARGV[1]
+local e = ARGV[2] == '1'
+local k = ARGV[3] == '1'
+local c = tonumber(ARGV[4])
+local channel = ARGV[5]
+local origin = ARGV[6]
+
+if #KEYS < 3 or not up or up == '' or not c or c < 1 or c ~= math.floor(c) or not channel
+    or not origin then
+  return redis.error_reply('ERR set_member: bad arguments')
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return -1
+end
+local cur = redis.call('HGET', KEYS[2], up)
+if not cur then
+  return 0
+end
+local oe, ok_, oc, os, _ = string.match(cur, '^(%d)|(%d)|(%d+)|([^|]+)|(%d+)$')
+if not oe then
+  return redis.error_reply('ERR set_member: corrupt member state')
+end
+local was = oe == '1'
+local saved = tonumber(os) or 0
+
+local floor = 0
+local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if first[2] then
+  floor = tonumber(first[2])
+end
+
+if was and not e then
+  local score = redis.call('ZSCORE', KEYS[3], up)
+  if score then
+    saved = tonumber(score)
+  end
+  redis.call('ZREM', KEYS[3], up)
+elseif e and not was then
+  saved = math.max(saved, floor)
+  redis.call('ZADD', KEYS[3], saved, up)
+end
+redis.call('HSET', KEYS[2], up, (e and '1' or '0') .. '|' .. (k and '1' or '0') .. '|'
+  .. string.format('%d', c) .. '|' .. string.format('%.0f', saved) .. '|0')
+
+if was ~= e or (ok_ == '1') ~= k or tonumber(oc) ~= c then
+  redis.call('PUBLISH', channel, 'm\n' .. origin .. '\n' .. up .. '\n' .. (e and '1' or '0')
+    .. '\n' .. (k and '1' or '0') .. '\n' .. string.format('%d', c))
+  return 1
+end
+return 0

@@ -1,0 +1,1460 @@
+//! The shared store: one pool state in Redis for every gateway instance.
+//!
+//! Every decision is one Lua script of `lua/` run atomically on the server (see `scripts.rs`), so
+//! instances never double-book an upstream or disagree about a session. A request costs two
+//! commands: `acquire.lua` before connecting and `release.lua` after the exchange (the release
+//! runs off the response path). Instances hear of each other through one pub/sub channel per pool
+//! (see `events.rs`): releases that free capacity wake waiting requests everywhere, and member
+//! settings decided elsewhere reach [`Store::subscribe_member_changes`]. An idle instance sends
+//! nothing but a PING on its events connection every 30 s.
+//!
+//! # When Redis is unreachable
+//! Every call is bounded by `[store] timeout`. The first failure switches the instance to
+//! *degraded*: it serves from an embedded [`MemoryStore`] configured with the same pools (caps and
+//! session bindings then hold per instance, not globally), keeps the writes Redis missed (lease
+//! releases, member settings, unbinds) in a bounded backlog, and reconnects in the background with
+//! backoff. Once Redis answers, the backlog is replayed (after re-declaring the pools, and
+//! re-applying every member setting of this instance if Redis lost its data), and the instance is
+//! `ok` again. Sessions re-derive the same upstream by rendezvous hashing either way.
+//!
+//! # Clocks
+//! Lease deadlines are written with this machine's wall clock (scripts take the time as an
+//! argument), so instances sharing a pool need synchronised clocks (NTP); a skew of `d` moves
+//! another instance's lease expiry by `d`.
+
+mod events;
+mod keys;
+mod scripts;
+
+pub use keys::{DEFAULT_KEY_PREFIX, Target, parse_target, redact};
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, RedisError, ScriptInvocation};
+use tokio::sync::{Notify, broadcast, watch};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::memory::MemoryStore;
+use super::{
+    Acquired, Grant, HEALTH_DEGRADED, HEALTH_OK, LeaseId, LockToken, MemberChange, MemberState,
+    PoolSpec, PoolStatus, Store, StoreError, Want,
+};
+use crate::config::Strategy;
+use crate::health::Outcome;
+use crate::upstream::UpstreamId;
+use keys::{PoolKeys, lock_key};
+use scripts::AcquireReply;
+
+/// Default bound on one Redis call (`[store] timeout`).
+pub const DEFAULT_TIMEOUT_MS: u64 = 250;
+/// Bound on declaring a pool, which writes every member once (large pools take longer).
+const CONFIGURE_TIMEOUT: Duration = Duration::from_secs(5);
+/// First and longest pause between reconnection attempts.
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// Writes kept for replay while Redis is unreachable. Past this the oldest are dropped: their
+/// leases expire by themselves within `lease_ttl`.
+const MAX_BACKLOG: usize = 100_000;
+/// Marks leases granted by the fallback store while degraded, so their release goes there too.
+const FALLBACK_LEASE: u64 = 1 << 63;
+/// Failed reconnection attempts in a row after which the connection is replaced by a new one.
+const FRESH_CONNECTION_AFTER: u32 = 3;
+/// Member changes buffered per subscriber before the slowest one misses some.
+const MEMBER_CHANGES_CAPACITY: usize = 1024;
+/// Within this long after a pool's state was restored, another "unconfigured" answer is not
+/// restored again (concurrent requests all notice the same loss).
+const RESTORE_DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// How to reach Redis and how to name things there.
+#[derive(Clone, Debug)]
+pub struct RedisSettings {
+    /// `redis://…`, `rediss://…`, `redis+unix://…` or `redis+cluster://h1:p1,h2:p2`.
+    pub url: String,
+    /// Bound on each call; past it the instance serves degraded.
+    pub timeout: Duration,
+    /// First segment of every key (several deployments can share one Redis).
+    pub key_prefix: String,
+    /// Names this instance's connections (`CLIENT SETNAME poolgate:<id>`) and marks the member
+    /// changes it publishes, so it ignores its own.
+    pub instance_id: String,
+}
+
+/// The Redis-backed [`Store`]. Dropping it stops its background tasks.
+pub struct RedisStore {
+    inner: Arc<Inner>,
+    _stop: DropGuard,
+}
+
+/// Why a call did not get an answer it could use.
+#[derive(Debug)]
+enum Fault {
+    /// Unreachable, timed out, restarting, cluster down: serve degraded and reconnect.
+    Down(String),
+    /// Redis answered with an error a retry will not fix (a script or protocol error).
+    Broken(String),
+}
+
+impl Fault {
+    fn from_redis(e: RedisError) -> Fault {
+        use redis::{ErrorKind, ServerErrorKind};
+        let broken = matches!(
+            e.kind(),
+            ErrorKind::Parse
+                | ErrorKind::UnexpectedReturnType
+                | ErrorKind::Server(
+                    ServerErrorKind::ResponseError
+                        | ServerErrorKind::ExecAbort
+                        | ServerErrorKind::CrossSlot
+                        | ServerErrorKind::NoPerm
+                )
+        );
+        if broken {
+            Fault::Broken(e.to_string())
+        } else {
+            Fault::Down(e.to_string())
+        }
+    }
+}
+
+fn broken(why: impl std::fmt::Display) -> StoreError {
+    tracing::error!(error = %why, "redis store: unexpected answer");
+    StoreError::Unavailable(format!("redis: {why}"))
+}
+
+/// One connection handle, cloned per call.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per store, built once and never moved on the hot path"
+)]
+enum Remote {
+    /// Reconnects by itself after a failed command; replaced whole when calls keep timing out
+    /// (a connection whose peer vanished without closing it never fails, it only goes silent).
+    Single {
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        manager: ArcSwap<ConnectionManager>,
+    },
+    /// Connected on first use (and again after a failed first connection).
+    Cluster {
+        client: Box<ClusterClient>,
+        conn: ArcSwapOption<ClusterConnection>,
+        connecting: tokio::sync::Mutex<()>,
+    },
+}
+
+/// A write Redis missed while unreachable, replayed when it is back.
+#[derive(Debug)]
+enum Deferred {
+    /// A lease release; `upstream`/`outcome` are `None` for a lease whose acquire timed out
+    /// (it may have been granted all the same) and for releases already sent once.
+    Release {
+        pool: String,
+        upstream: Option<UpstreamId>,
+        lease: LeaseId,
+        outcome: Option<Outcome>,
+        latency: Duration,
+    },
+    Unbind {
+        pool: String,
+        key: String,
+        upstream: UpstreamId,
+    },
+    Member {
+        pool: String,
+        upstream: UpstreamId,
+        state: MemberState,
+    },
+}
+
+#[derive(Default)]
+struct Backlog {
+    writes: VecDeque<Deferred>,
+    /// The latest setting per member (only the last one matters).
+    members: HashMap<(String, UpstreamId), MemberState>,
+}
+
+impl Backlog {
+    fn push(&mut self, d: Deferred) {
+        match d {
+            Deferred::Member {
+                pool,
+                upstream,
+                state,
+            } => {
+                self.members.insert((pool, upstream), state);
+            }
+            other => {
+                if self.writes.len() >= MAX_BACKLOG {
+                    self.writes.pop_front();
+                }
+                self.writes.push_back(other);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.members.is_empty()
+    }
+}
+
+/// What this instance keeps about one pool.
+struct PoolLocal {
+    spec: ArcSwap<PoolSpec>,
+    keys: PoolKeys,
+    /// Woken by releases (from any instance), member changes and lease expiry.
+    notify: Arc<Notify>,
+    /// Every member setting this instance applied, re-applied when Redis lost its data.
+    applied: Mutex<HashMap<UpstreamId, MemberState>>,
+    /// One restore at a time after Redis lost the pool's state, and when the last one ended.
+    restoring: tokio::sync::Mutex<Option<std::time::Instant>>,
+    /// When the scheduled lease-expiry wake-up fires (ms since the epoch).
+    wake_at: Mutex<Option<u64>>,
+    /// Counts every event that may have freed capacity (release, expiry, member change,
+    /// reconnection): an "at capacity" answer stays true until it moves.
+    epoch: AtomicU64,
+    /// The last plain acquire found every candidate at its cap.
+    full: AtomicBool,
+    /// While the pool is full, plain acquires ask Redis one at a time: the epoch at which the last
+    /// one was sent and whether it found the pool full. See [`RedisStore::acquire`].
+    probe: tokio::sync::Mutex<Option<(u64, bool)>>,
+}
+
+impl PoolLocal {
+    /// Capacity may have appeared: move the epoch, then wake every waiting request.
+    fn wake(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+}
+
+struct Inner {
+    remote: Remote,
+    /// RESP3 clients for the events connection (one per seed node for a cluster; the first that
+    /// answers is used).
+    event_clients: Vec<redis::Client>,
+    timeout: Duration,
+    prefix: String,
+    instance: String,
+    client_name: String,
+    /// The URL without its password, for logs.
+    redacted: String,
+    pools: RwLock<HashMap<String, Arc<PoolLocal>>>,
+    /// Serves while Redis is unreachable; kept configured and told every member setting.
+    fallback: MemoryStore,
+    degraded: AtomicBool,
+    degraded_since: Mutex<Option<std::time::Instant>>,
+    recovering: AtomicBool,
+    backlog: Mutex<Backlog>,
+    changes: broadcast::Sender<MemberChange>,
+    /// The events channels to subscribe to (one per pool).
+    channels: watch::Sender<BTreeSet<String>>,
+    /// The channels the events connection is subscribed to right now.
+    subscribed: watch::Sender<BTreeSet<String>>,
+    stop: CancellationToken,
+}
+
+/// A poisoned lock only means a panic elsewhere mid-update; the data is still usable.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn millis(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+fn strategy_arg(s: Strategy) -> &'static str {
+    match s {
+        Strategy::LeastUsed => "least-used",
+        Strategy::Weighted => "weighted",
+        Strategy::LeastConnections => "least-connections",
+        Strategy::RoundRobin => "round-robin",
+    }
+}
+
+/// A client for the same server speaking RESP3, which lets one connection both subscribe and
+/// answer PINGs.
+fn resp3(client: &redis::Client) -> redis::RedisResult<redis::Client> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings))
+}
+
+/// `poolgate:<instance id>`, with anything Redis would refuse in a client name replaced.
+fn client_name(instance: &str) -> String {
+    let clean: String = instance
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.:".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("poolgate:{clean}")
+}
+
+impl RedisStore {
+    /// Prepares the connections (nothing is sent yet) and starts the events subscriber. Pools are
+    /// declared with [`Store::configure`]; if Redis cannot be reached then, the store starts
+    /// degraded and catches up when it can.
+    pub fn new(settings: RedisSettings) -> Result<Self, StoreError> {
+        let redacted = redact(&settings.url);
+        let bad = |what: &str| StoreError::Unavailable(format!("redis {redacted}: {what}"));
+        let target = parse_target(&settings.url).map_err(|e| bad(&e))?;
+        let (remote, event_clients) = match target {
+            Target::Single(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(|_| bad("invalid URL"))?;
+                let events = resp3(&client).map_err(|_| bad("invalid URL"))?;
+                // Responses are bounded per call (see `Inner::eval`), so the connection itself
+                // has no response timeout: a large pool's declaration may take longer.
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(settings.timeout))
+                    .set_response_timeout(None)
+                    .set_number_of_retries(1)
+                    .set_min_delay(Duration::from_millis(50))
+                    .set_max_delay(Duration::from_millis(500));
+                let manager =
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                        .map_err(|e| bad(&e.to_string()))?;
+                (
+                    Remote::Single {
+                        client,
+                        config,
+                        manager: ArcSwap::from_pointee(manager),
+                    },
+                    vec![events],
+                )
+            }
+            Target::Cluster(nodes) => {
+                let client = ClusterClient::builder(nodes.clone())
+                    .connection_timeout(settings.timeout)
+                    .response_timeout(CONFIGURE_TIMEOUT)
+                    .retries(2)
+                    .min_retry_wait(10)
+                    .max_retry_wait(100)
+                    .build()
+                    .map_err(|_| bad("invalid cluster URL"))?;
+                let events = nodes
+                    .iter()
+                    .map(|n| redis::Client::open(n.as_str()).and_then(|c| resp3(&c)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| bad("invalid cluster URL"))?;
+                (
+                    Remote::Cluster {
+                        client: Box::new(client),
+                        conn: ArcSwapOption::empty(),
+                        connecting: tokio::sync::Mutex::new(()),
+                    },
+                    events,
+                )
+            }
+        };
+        let stop = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            remote,
+            event_clients,
+            timeout: settings.timeout,
+            prefix: settings.key_prefix,
+            client_name: client_name(&settings.instance_id),
+            instance: settings.instance_id,
+            redacted,
+            pools: RwLock::default(),
+            fallback: MemoryStore::new(),
+            degraded: AtomicBool::new(false),
+            degraded_since: Mutex::new(None),
+            recovering: AtomicBool::new(false),
+            backlog: Mutex::default(),
+            changes: broadcast::channel(MEMBER_CHANGES_CAPACITY).0,
+            channels: watch::channel(BTreeSet::new()).0,
+            subscribed: watch::channel(BTreeSet::new()).0,
+            stop: stop.clone(),
+        });
+        tokio::spawn(events::run(inner.clone()));
+        Ok(RedisStore {
+            inner,
+            _stop: stop.drop_guard(),
+        })
+    }
+
+    /// The URL without its password.
+    pub fn redacted_url(&self) -> &str {
+        &self.inner.redacted
+    }
+}
+
+impl Inner {
+    fn is_degraded(&self) -> bool {
+        self.degraded.load(Ordering::SeqCst)
+    }
+
+    fn pool(&self, name: &str) -> Result<Arc<PoolLocal>, StoreError> {
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::UnknownPool(name.to_string()))
+    }
+
+    fn all_pools(&self) -> Vec<Arc<PoolLocal>> {
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Whether the pool's events reach this instance right now (else nothing may be assumed
+    /// from the absence of events).
+    fn hears_events(&self, p: &PoolLocal) -> bool {
+        self.subscribed.borrow().contains(&p.keys.events)
+    }
+
+    fn notify_all(&self) {
+        for p in self.all_pools() {
+            p.wake();
+        }
+    }
+
+    async fn conn(&self) -> Result<Conn, Fault> {
+        match &self.remote {
+            Remote::Single { manager, .. } => Ok(Conn::Single((**manager.load()).clone())),
+            Remote::Cluster {
+                client,
+                conn,
+                connecting,
+            } => {
+                if let Some(c) = conn.load_full() {
+                    return Ok(Conn::Cluster((*c).clone()));
+                }
+                let _one_at_a_time = connecting.lock().await;
+                if let Some(c) = conn.load_full() {
+                    return Ok(Conn::Cluster((*c).clone()));
+                }
+                let c = client
+                    .get_async_connection()
+                    .await
+                    .map_err(Fault::from_redis)?;
+                conn.store(Some(Arc::new(c.clone())));
+                Ok(Conn::Cluster(c))
+            }
+        }
+    }
+
+    /// Drops the current connection for a new one (made on next use).
+    fn fresh_connection(&self) {
+        match &self.remote {
+            Remote::Single {
+                client,
+                config,
+                manager,
+            } => match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
+                Ok(m) => manager.store(Arc::new(m)),
+                Err(e) => tracing::debug!(error = %e, "cannot prepare a new redis connection"),
+            },
+            Remote::Cluster { conn, .. } => conn.store(None),
+        }
+    }
+
+    /// Runs a script (EVALSHA, reloading it after NOSCRIPT), bounded by `limit`.
+    async fn eval<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        limit: Duration,
+    ) -> Result<T, Fault> {
+        let call = async {
+            let mut conn = self.conn().await?;
+            inv.invoke_async(&mut conn).await.map_err(Fault::from_redis)
+        };
+        match tokio::time::timeout(limit, call).await {
+            Ok(r) => r,
+            Err(_) => Err(Fault::Down(format!(
+                "no answer within {}ms",
+                limit.as_millis()
+            ))),
+        }
+    }
+
+    /// Sends one plain command, bounded by the store timeout.
+    async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Fault> {
+        let call = async {
+            let mut conn = self.conn().await?;
+            cmd.query_async(&mut conn).await.map_err(Fault::from_redis)
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(Fault::Down(format!(
+                "no answer within {}ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Switches to the local view (once) and makes sure a reconnection is under way.
+    fn degrade(self: &Arc<Self>, why: &str) {
+        if !self.degraded.swap(true, Ordering::SeqCst) {
+            *locked(&self.degraded_since) = Some(std::time::Instant::now());
+            tracing::warn!(
+                store = %self.redacted, reason = why,
+                "redis unreachable: serving from this instance's local view (store degraded)"
+            );
+            // Waiting requests should retry against the local view.
+            self.notify_all();
+        }
+        if !self.recovering.swap(true, Ordering::SeqCst) {
+            let inner = self.clone();
+            tokio::spawn(async move { inner.recover().await });
+        }
+    }
+
+    /// Keeps `make()` for replay if the store is degraded (decided under the backlog lock, so a
+    /// recovery that is finishing cannot miss it). Returns whether it was kept.
+    fn defer_if_degraded(&self, make: impl FnOnce() -> Deferred) -> bool {
+        let mut backlog = locked(&self.backlog);
+        if !self.is_degraded() {
+            return false;
+        }
+        backlog.push(make());
+        true
+    }
+
+    /// Keeps a write Redis may have missed and goes degraded.
+    fn defer_and_degrade(self: &Arc<Self>, d: Deferred, why: &str) {
+        locked(&self.backlog).push(d);
+        self.degrade(why);
+    }
+
+    /// Names the command connection `poolgate:<instance id>` (`CLIENT LIST`, `MONITOR`). Sent on
+    /// every pool declaration and every recovery, which covers every reconnection: the
+    /// connection is only replaced after a failed command, and a failure makes the store recover.
+    async fn name_connection(&self) -> Result<(), Fault> {
+        let name = redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(&self.client_name)
+            .clone();
+        self.query::<()>(&name).await
+    }
+
+    /// Reconnects with backoff until Redis answers and the backlog is replayed.
+    async fn recover(self: Arc<Self>) {
+        loop {
+            let mut delay = RECONNECT_MIN;
+            let mut failures = 0u32;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = self.stop.cancelled() => {
+                        self.recovering.store(false, Ordering::SeqCst);
+                        return;
+                    }
+                }
+                match self.try_recover().await {
+                    Ok(()) => break,
+                    Err(Fault::Down(why)) => {
+                        tracing::debug!(store = %self.redacted, reason = %why, "redis still unreachable");
+                        delay = (delay * 2).min(RECONNECT_MAX);
+                        failures += 1;
+                        if failures % FRESH_CONNECTION_AFTER == 0 {
+                            self.fresh_connection();
+                        }
+                    }
+                    Err(Fault::Broken(why)) => {
+                        tracing::warn!(store = %self.redacted, reason = %why, "redis answers but refuses the shared state; still degraded");
+                        delay = RECONNECT_MAX;
+                    }
+                }
+            }
+            self.recovering.store(false, Ordering::SeqCst);
+            // A failure between the switch back and here found `recovering` set and spawned
+            // nothing: pick it up.
+            if !self.is_degraded() || self.recovering.swap(true, Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// One reconnection attempt: name the connection, re-declare every pool, re-apply member
+    /// settings, replay the backlog, then leave degraded mode.
+    async fn try_recover(&self) -> Result<(), Fault> {
+        self.name_connection().await?;
+        let mut restored = 0usize;
+        for p in self.all_pools() {
+            if self.configure_remote(&p).await? {
+                restored += self.reapply_all(&p).await?;
+            }
+        }
+        let mut replayed = 0usize;
+        loop {
+            let (writes, members) = {
+                let mut backlog = locked(&self.backlog);
+                if backlog.is_empty() {
+                    self.degraded.store(false, Ordering::SeqCst);
+                    break;
+                }
+                (
+                    std::mem::take(&mut backlog.writes),
+                    std::mem::take(&mut backlog.members),
+                )
+            };
+            replayed += writes.len() + members.len();
+            self.replay(writes, members).await?;
+        }
+        let outage = locked(&self.degraded_since)
+            .take()
+            .map_or(0, |t| t.elapsed().as_millis() as u64);
+        tracing::info!(
+            store = %self.redacted, outage_ms = outage, replayed, restored,
+            "redis reachable again: shared state in use (store ok)"
+        );
+        self.notify_all();
+        Ok(())
+    }
+
+    /// Applies missed writes; on failure puts back what was not applied.
+    async fn replay(
+        &self,
+        writes: VecDeque<Deferred>,
+        members: HashMap<(String, UpstreamId), MemberState>,
+    ) -> Result<(), Fault> {
+        let mut members: Vec<_> = members.into_iter().collect();
+        while let Some(((pool, upstream), state)) = members.pop() {
+            let Ok(p) = self.pool(&pool) else { continue };
+            if let Err(f) = self.set_member_remote(&p, &upstream, state).await {
+                let mut backlog = locked(&self.backlog);
+                members.push(((pool, upstream), state));
+                for (k, v) in members {
+                    backlog.members.entry(k).or_insert(v);
+                }
+                for w in writes.into_iter().rev() {
+                    backlog.writes.push_front(w);
+                }
+                return Err(f);
+            }
+        }
+        let mut writes = writes;
+        while let Some(w) = writes.pop_front() {
+            let done = match &w {
+                Deferred::Release {
+                    pool,
+                    upstream,
+                    lease,
+                    outcome,
+                    latency,
+                } => match self.pool(pool) {
+                    Ok(p) => self
+                        .release_remote(&p, upstream.as_ref(), *lease, *outcome, *latency)
+                        .await
+                        .map(drop),
+                    Err(_) => Ok(()),
+                },
+                Deferred::Unbind {
+                    pool,
+                    key,
+                    upstream,
+                } => match self.pool(pool) {
+                    Ok(p) => self.unbind_remote(&p, key, upstream).await,
+                    Err(_) => Ok(()),
+                },
+                Deferred::Member { .. } => Ok(()),
+            };
+            if let Err(f) = done {
+                let mut backlog = locked(&self.backlog);
+                writes.push_front(w);
+                for w in writes.into_iter().rev() {
+                    backlog.writes.push_front(w);
+                }
+                return Err(f);
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares the pool in Redis; true when Redis had no state for it (new, or lost).
+    async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
+        let spec = p.spec.load();
+        let k = &p.keys;
+        let mut inv = scripts::CONFIGURE.prepare_invoke();
+        inv.key(&k.meta).key(&k.state).key(&k.members).key(&k.order);
+        for id in &spec.members {
+            inv.arg(id.as_str());
+        }
+        let fresh: i64 = self.eval(&inv, CONFIGURE_TIMEOUT).await?;
+        Ok(fresh == 1)
+    }
+
+    /// Re-applies every member setting this instance made; returns how many.
+    async fn reapply_all(&self, p: &PoolLocal) -> Result<usize, Fault> {
+        let applied: Vec<(UpstreamId, MemberState)> = locked(&p.applied)
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        for (upstream, state) in &applied {
+            self.set_member_remote(p, upstream, *state).await?;
+        }
+        Ok(applied.len())
+    }
+
+    /// After Redis answered "unconfigured" (it lost its data): declares the pool again and
+    /// re-applies this instance's member settings, once for a burst of requests noticing it.
+    async fn restore_pool(&self, p: &PoolLocal) -> Result<(), Fault> {
+        let mut last = p.restoring.lock().await;
+        if last.is_some_and(|t| t.elapsed() < RESTORE_DEBOUNCE) {
+            return Ok(());
+        }
+        tracing::warn!(store = %self.redacted, "redis lost the pool's state: declaring it again");
+        self.configure_remote(p).await?;
+        self.reapply_all(p).await?;
+        *last = Some(std::time::Instant::now());
+        Ok(())
+    }
+
+    /// Runs `set_member.lua`: 1 changed, 0 unchanged or not a member, -1 pool state missing.
+    async fn set_member_remote(
+        &self,
+        p: &PoolLocal,
+        upstream: &UpstreamId,
+        state: MemberState,
+    ) -> Result<i64, Fault> {
+        let k = &p.keys;
+        let mut inv = scripts::SET_MEMBER.prepare_invoke();
+        inv.key(&k.meta)
+            .key(&k.state)
+            .key(&k.members)
+            .arg(upstream.as_str())
+            .arg(u8::from(state.eligible))
+            .arg(u8::from(state.keeps_sessions))
+            .arg(state.cost.max(1))
+            .arg(&k.events)
+            .arg(&self.instance);
+        self.eval(&inv, self.timeout).await
+    }
+
+    async fn release_remote(
+        &self,
+        p: &PoolLocal,
+        upstream: Option<&UpstreamId>,
+        lease: LeaseId,
+        outcome: Option<Outcome>,
+        latency: Duration,
+    ) -> Result<bool, Fault> {
+        let k = &p.keys;
+        let cap = p.spec.load().max_concurrency.unwrap_or(0);
+        let mut inv = scripts::RELEASE.prepare_invoke();
+        inv.key(&k.leases)
+            .key(&k.lease_up)
+            .key(&k.live)
+            .key(&k.stats)
+            .arg(lease.0)
+            .arg(upstream.map_or("", |u| u.as_str()))
+            .arg(outcome.map_or("", |o| o.key()))
+            .arg(latency.as_micros() as u64)
+            .arg(cap)
+            .arg(&k.events);
+        let freed: i64 = self.eval(&inv, self.timeout).await?;
+        Ok(freed == 1)
+    }
+
+    async fn unbind_remote(
+        &self,
+        p: &PoolLocal,
+        key: &str,
+        upstream: &UpstreamId,
+    ) -> Result<(), Fault> {
+        let k = &p.keys;
+        let mut inv = scripts::UNBIND.prepare_invoke();
+        inv.key(k.session(key))
+            .key(&k.sessions)
+            .arg(upstream.as_str())
+            .arg(key);
+        let _: i64 = self.eval(&inv, self.timeout).await?;
+        Ok(())
+    }
+
+    async fn end_session_remote(&self, p: &PoolLocal, key: &str) -> Result<bool, Fault> {
+        let k = &p.keys;
+        let mut inv = scripts::END_SESSION.prepare_invoke();
+        inv.key(k.session(key))
+            .key(&k.sessions)
+            .arg(key)
+            .arg(now_ms());
+        let n: i64 = self.eval(&inv, self.timeout).await?;
+        Ok(n > 0)
+    }
+
+    /// Wakes the pool's waiting requests when the earliest lease expires: capacity held by a
+    /// gateway that died comes back without anyone releasing it.
+    fn schedule_wake(&self, p: &Arc<PoolLocal>, deadline_ms: u64) {
+        let now = now_ms();
+        {
+            let mut at = locked(&p.wake_at);
+            if at.is_some_and(|t| t <= deadline_ms && t > now) {
+                return;
+            }
+            *at = Some(deadline_ms);
+        }
+        let delay = Duration::from_millis(deadline_ms.saturating_sub(now) + 1);
+        let p = p.clone();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.cancelled() => return,
+            }
+            {
+                let mut at = locked(&p.wake_at);
+                if *at == Some(deadline_ms) {
+                    *at = None;
+                }
+            }
+            p.wake();
+        });
+    }
+
+    /// One acquire in Redis (or in the local view while degraded).
+    async fn acquire_remote(
+        self: &Arc<Self>,
+        pool: &str,
+        p: &Arc<PoolLocal>,
+        want: Want<'_>,
+    ) -> Result<Acquired, StoreError> {
+        let inner = self;
+        if inner.is_degraded() {
+            return inner.fallback_acquire(pool, want).await;
+        }
+        let mut restored = false;
+
+        loop {
+            let lease = LeaseId(rand::random::<u64>() & !FALLBACK_LEASE);
+            let spec = p.spec.load();
+            let k = &p.keys;
+            let mut inv = scripts::ACQUIRE.prepare_invoke();
+            inv.key(&k.meta)
+                .key(&k.state)
+                .key(&k.members)
+                .key(&k.order)
+                .key(&k.leases)
+                .key(&k.lease_up)
+                .key(&k.live)
+                .key(&k.sessions);
+            inv.arg(now_ms())
+                .arg(lease.0)
+                .arg(millis(spec.lease_ttl))
+                .arg(spec.max_concurrency.unwrap_or(0))
+                .arg(strategy_arg(spec.strategy))
+                .arg(&k.events);
+            match want {
+                Want::Any { exclude } => {
+                    inv.arg("any");
+                    for id in exclude {
+                        inv.arg(id.as_str());
+                    }
+                }
+                Want::Session {
+                    key,
+                    ttl,
+                    preferred,
+                    rebind,
+                } => {
+                    inv.key(k.session(key))
+                        .arg("session")
+                        .arg(millis(ttl))
+                        .arg(u8::from(rebind))
+                        .arg(key);
+                    for id in preferred {
+                        inv.arg(id.as_str());
+                    }
+                }
+            }
+            let reply = match inner.eval::<Vec<String>>(&inv, inner.timeout).await {
+                Ok(reply) => AcquireReply::parse(reply).map_err(broken)?,
+                Err(Fault::Down(why)) => {
+                    // The acquire may still run once Redis gets to it: cancel its lease then.
+                    inner.defer_and_degrade(
+                        Deferred::Release {
+                            pool: pool.to_string(),
+                            upstream: None,
+                            lease,
+                            outcome: None,
+                            latency: Duration::ZERO,
+                        },
+                        &why,
+                    );
+                    return inner.fallback_acquire(pool, want).await;
+                }
+                Err(Fault::Broken(why)) => return Err(broken(why)),
+            };
+            return Ok(match reply {
+                AcquireReply::Granted {
+                    upstream,
+                    bound_now,
+                } => Acquired::Granted(Grant {
+                    upstream: UpstreamId::new(upstream),
+                    lease,
+                    bound_now,
+                }),
+                AcquireReply::AtCapacity {
+                    earliest_deadline_ms,
+                } => {
+                    if let Some(at) = earliest_deadline_ms {
+                        inner.schedule_wake(p, at);
+                    }
+                    Acquired::AtCapacity
+                }
+                AcquireReply::Unavailable(upstream) => {
+                    Acquired::SessionUnavailable(UpstreamId::new(upstream))
+                }
+                AcquireReply::NoCandidates => Acquired::NoCandidates,
+                AcquireReply::Unconfigured if !restored => {
+                    restored = true;
+                    match inner.restore_pool(p).await {
+                        Ok(()) => continue,
+                        Err(Fault::Down(why)) => {
+                            inner.degrade(&why);
+                            return inner.fallback_acquire(pool, want).await;
+                        }
+                        Err(Fault::Broken(why)) => return Err(broken(why)),
+                    }
+                }
+                AcquireReply::Unconfigured => {
+                    return Err(broken("the pool's state is missing after declaring it"));
+                }
+            });
+        }
+    }
+
+    async fn fallback_acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
+        Ok(match self.fallback.acquire(pool, want).await? {
+            Acquired::Granted(g) => Acquired::Granted(Grant {
+                lease: LeaseId(g.lease.0 | FALLBACK_LEASE),
+                ..g
+            }),
+            other => other,
+        })
+    }
+
+    /// Applies a member change another instance published: to the local view, and to the
+    /// subscribers of [`Store::subscribe_member_changes`].
+    async fn member_changed_elsewhere(&self, pool: &str, upstream: UpstreamId, state: MemberState) {
+        tracing::info!(
+            pool, upstream = %upstream, eligible = state.eligible,
+            keeps_sessions = state.keeps_sessions, cost = state.cost,
+            "member setting from another instance"
+        );
+        if let Err(e) = self.fallback.set_member(pool, &upstream, state).await {
+            tracing::debug!(pool, error = %e, "member change for a pool this instance does not serve");
+            return;
+        }
+        // Nobody listening is fine.
+        let _ = self.changes.send(MemberChange {
+            pool: pool.to_string(),
+            upstream,
+            state,
+        });
+    }
+}
+
+impl Store for RedisStore {
+    async fn configure(&self, spec: PoolSpec) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        inner.fallback.configure(spec.clone()).await?;
+        let p = {
+            let mut pools = inner.pools.write().unwrap_or_else(|e| e.into_inner());
+            match pools.get(&spec.name) {
+                Some(p) => {
+                    p.spec.store(Arc::new(spec.clone()));
+                    p.clone()
+                }
+                None => {
+                    let p = Arc::new(PoolLocal {
+                        keys: PoolKeys::new(&inner.prefix, &spec.name),
+                        spec: ArcSwap::from_pointee(spec.clone()),
+                        notify: Arc::new(Notify::new()),
+                        applied: Mutex::default(),
+                        restoring: tokio::sync::Mutex::new(None),
+                        wake_at: Mutex::new(None),
+                        epoch: AtomicU64::new(0),
+                        full: AtomicBool::new(false),
+                        probe: tokio::sync::Mutex::new(None),
+                    });
+                    pools.insert(spec.name.clone(), p.clone());
+                    p
+                }
+            }
+        };
+        inner.channels.send_modify(|c| {
+            c.insert(p.keys.events.clone());
+        });
+        if inner.is_degraded() {
+            // The recovery declares every pool.
+            return Ok(());
+        }
+        let declared = match inner.name_connection().await {
+            Ok(()) => inner.configure_remote(&p).await,
+            Err(f) => Err(f),
+        };
+        match declared {
+            Ok(fresh) => {
+                if fresh {
+                    tracing::info!(pool = %spec.name, store = %inner.redacted, "pool declared in redis");
+                }
+                // Hear the pool's events before serving it (bounded: events are a latency
+                // optimisation, never a reason not to serve).
+                let mut subscribed = inner.subscribed.subscribe();
+                let heard = tokio::time::timeout(
+                    inner.timeout.max(Duration::from_secs(1)),
+                    subscribed.wait_for(|s| s.contains(&p.keys.events)),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok());
+                if !heard {
+                    tracing::warn!(pool = %spec.name, "not yet subscribed to the pool's redis events");
+                }
+                p.wake();
+                Ok(())
+            }
+            Err(Fault::Down(why)) => {
+                inner.degrade(&why);
+                Ok(())
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+
+    /// Plain requests waiting for capacity are woken all at once by every release (as with the
+    /// memory store), and each would cost a round trip. So while the pool is known to be full,
+    /// plain acquires (no session, nothing excluded) go to Redis one at a time, and one that
+    /// arrived no later than the last answer "full" was asked takes that answer without asking
+    /// again: nothing that frees capacity happened since (every such thing moves the epoch).
+    /// A burst of waiters then costs about two round trips per release, not one per waiter.
+    async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        let plain = matches!(want, Want::Any { exclude } if exclude.is_empty());
+        if !plain || !p.full.load(Ordering::SeqCst) || !inner.hears_events(&p) {
+            let r = inner.acquire_remote(pool, &p, want).await;
+            if plain {
+                p.full
+                    .store(matches!(r, Ok(Acquired::AtCapacity)), Ordering::SeqCst);
+            }
+            return r;
+        }
+        let arrival = p.epoch.load(Ordering::SeqCst);
+        let mut last = p.probe.lock().await;
+        if let Some((sent, true)) = *last {
+            if sent >= arrival && inner.hears_events(&p) {
+                return Ok(Acquired::AtCapacity);
+            }
+        }
+        let sent = p.epoch.load(Ordering::SeqCst);
+        let r = inner.acquire_remote(pool, &p, want).await;
+        let full = matches!(r, Ok(Acquired::AtCapacity));
+        *last = Some((sent, full));
+        p.full.store(full, Ordering::SeqCst);
+        r
+    }
+
+    async fn release(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        if lease.0 & FALLBACK_LEASE != 0 {
+            let r = inner
+                .fallback
+                .release(
+                    pool,
+                    upstream,
+                    LeaseId(lease.0 & !FALLBACK_LEASE),
+                    outcome,
+                    latency,
+                )
+                .await;
+            p.wake();
+            return r;
+        }
+        let deferred = || Deferred::Release {
+            pool: pool.to_string(),
+            upstream: Some(upstream.clone()),
+            lease,
+            outcome: Some(outcome),
+            latency,
+        };
+        if inner.defer_if_degraded(deferred) {
+            return Ok(());
+        }
+        match inner
+            .release_remote(&p, Some(upstream), lease, Some(outcome), latency)
+            .await
+        {
+            Ok(freed) => {
+                if freed {
+                    p.wake();
+                }
+                Ok(())
+            }
+            Err(Fault::Down(why)) => {
+                // It may have run: replay it without counting the outcome a second time.
+                inner.defer_and_degrade(
+                    Deferred::Release {
+                        pool: pool.to_string(),
+                        upstream: None,
+                        lease,
+                        outcome: None,
+                        latency,
+                    },
+                    &why,
+                );
+                Ok(())
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+
+    async fn extend(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        if lease.0 & FALLBACK_LEASE != 0 {
+            return inner
+                .fallback
+                .extend(pool, upstream, LeaseId(lease.0 & !FALLBACK_LEASE))
+                .await;
+        }
+        if inner.is_degraded() {
+            return Ok(());
+        }
+        // One command, atomic on its own: only a lease still listed gets the new deadline.
+        let deadline = now_ms() + millis(p.spec.load().lease_ttl);
+        let cmd = redis::cmd("ZADD")
+            .arg(&p.keys.leases)
+            .arg("XX")
+            .arg(deadline)
+            .arg(lease.0)
+            .clone();
+        match inner.query::<i64>(&cmd).await {
+            Ok(_) => Ok(()),
+            Err(Fault::Down(why)) => {
+                inner.degrade(&why);
+                Ok(())
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+
+    async fn set_member(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        state: MemberState,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        locked(&p.applied).insert(upstream.clone(), state);
+        inner.fallback.set_member(pool, upstream, state).await?;
+        let deferred = || Deferred::Member {
+            pool: pool.to_string(),
+            upstream: upstream.clone(),
+            state,
+        };
+        if inner.defer_if_degraded(deferred) {
+            p.wake();
+            return Ok(());
+        }
+        let mut restored = false;
+        loop {
+            match inner.set_member_remote(&p, upstream, state).await {
+                Ok(-1) if !restored => {
+                    restored = true;
+                    // Restoring re-applies this setting with the others.
+                    match inner.restore_pool(&p).await {
+                        Ok(()) => continue,
+                        Err(Fault::Down(why)) => {
+                            inner.defer_and_degrade(deferred(), &why);
+                            return Ok(());
+                        }
+                        Err(Fault::Broken(why)) => return Err(broken(why)),
+                    }
+                }
+                Ok(changed) => {
+                    if changed == 1 {
+                        p.wake();
+                    }
+                    return Ok(());
+                }
+                Err(Fault::Down(why)) => {
+                    inner.defer_and_degrade(deferred(), &why);
+                    return Ok(());
+                }
+                Err(Fault::Broken(why)) => return Err(broken(why)),
+            }
+        }
+    }
+
+    async fn end_session(&self, pool: &str, key: &str) -> Result<bool, StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        let local = inner.fallback.end_session(pool, key).await?;
+        match inner.end_session_remote(&p, key).await {
+            Ok(remote) => Ok(remote || local),
+            // An operator's action is not deferred: say the store is unavailable.
+            Err(Fault::Down(why) | Fault::Broken(why)) => Err(StoreError::Unavailable(why)),
+        }
+    }
+
+    async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        inner.fallback.unbind(pool, key, upstream).await?;
+        let deferred = || Deferred::Unbind {
+            pool: pool.to_string(),
+            key: key.to_string(),
+            upstream: upstream.clone(),
+        };
+        if inner.defer_if_degraded(deferred) {
+            return Ok(());
+        }
+        match inner.unbind_remote(&p, key, upstream).await {
+            Ok(()) => Ok(()),
+            Err(Fault::Down(why)) => {
+                inner.defer_and_degrade(deferred(), &why);
+                Ok(())
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+
+    fn release_signal(&self, pool: &str) -> Arc<Notify> {
+        match self.inner.pool(pool) {
+            Ok(p) => p.notify.clone(),
+            Err(_) => Arc::new(Notify::new()),
+        }
+    }
+
+    async fn status(&self, pool: &str) -> Result<PoolStatus, StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        if inner.is_degraded() {
+            return inner.fallback.status(pool).await;
+        }
+        let k = &p.keys;
+        let mut inv = scripts::STATUS.prepare_invoke();
+        inv.key(&k.state)
+            .key(&k.members)
+            .key(&k.leases)
+            .key(&k.lease_up)
+            .key(&k.stats)
+            .key(&k.sessions)
+            .arg(now_ms());
+        type Reply = (u64, Vec<String>, Vec<String>, Vec<String>, Vec<String>);
+        match inner.eval::<Reply>(&inv, inner.timeout).await {
+            Ok(reply) => Ok(status_from(&p.spec.load(), reply)),
+            Err(Fault::Down(why)) => {
+                inner.degrade(&why);
+                inner.fallback.status(pool).await
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn health(&self) -> &'static str {
+        if self.inner.is_degraded() {
+            HEALTH_DEGRADED
+        } else {
+            HEALTH_OK
+        }
+    }
+
+    async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<LockToken>, StoreError> {
+        let token = LockToken::random();
+        let mut inv = scripts::LOCK_ACQUIRE.prepare_invoke();
+        inv.key(lock_key(&self.inner.prefix, name))
+            .arg(token.as_str())
+            .arg(millis(ttl));
+        Ok(self.lock_call(&inv).await?.then_some(token))
+    }
+
+    async fn extend_lock(
+        &self,
+        name: &str,
+        token: &LockToken,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut inv = scripts::LOCK_EXTEND.prepare_invoke();
+        inv.key(lock_key(&self.inner.prefix, name))
+            .arg(token.as_str())
+            .arg(millis(ttl));
+        self.lock_call(&inv).await
+    }
+
+    async fn unlock(&self, name: &str, token: &LockToken) -> Result<bool, StoreError> {
+        let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
+        inv.key(lock_key(&self.inner.prefix, name))
+            .arg(token.as_str());
+        self.lock_call(&inv).await
+    }
+
+    fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange> {
+        self.inner.changes.subscribe()
+    }
+}
+
+impl RedisStore {
+    /// Runs a lock script. Locks are never served from the local view: exclusion across
+    /// instances cannot be promised without Redis, so a degraded store answers an error.
+    async fn lock_call(&self, inv: &ScriptInvocation<'_>) -> Result<bool, StoreError> {
+        let inner = &self.inner;
+        if inner.is_degraded() {
+            return Err(StoreError::Unavailable(
+                "redis unreachable: locks are not available while degraded".into(),
+            ));
+        }
+        match inner.eval::<i64>(inv, inner.timeout).await {
+            Ok(n) => Ok(n == 1),
+            Err(Fault::Down(why)) => {
+                inner.degrade(&why);
+                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+}
+
+/// Assembles `/status` figures from `status.lua`'s snapshot, in the configured member order.
+fn status_from(
+    spec: &PoolSpec,
+    (sessions_live, state, members, live, stats): (
+        u64,
+        Vec<String>,
+        Vec<String>,
+        Vec<String>,
+        Vec<String>,
+    ),
+) -> PoolStatus {
+    let pairs = |flat: Vec<String>| -> Vec<(String, String)> {
+        let mut it = flat.into_iter();
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            out.push((k, v));
+        }
+        out
+    };
+    let scores: HashMap<String, f64> = pairs(members)
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
+        .collect();
+    // The saved score (field 4 of `e|k|c|s|r`) of members not eligible.
+    let saved: HashMap<String, f64> = pairs(state)
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.split('|').nth(3)?.parse().ok()?)))
+        .collect();
+    let mut live_by: HashMap<String, u64> = HashMap::new();
+    for up in live {
+        *live_by.entry(up).or_default() += 1;
+    }
+    let mut counters: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    for (field, v) in pairs(stats) {
+        if let (Some((up, name)), Ok(n)) = (field.rsplit_once('\n'), v.parse::<u64>()) {
+            counters
+                .entry(up.to_string())
+                .or_default()
+                .insert(name.to_string(), n);
+        }
+    }
+    let members = spec
+        .members
+        .iter()
+        .map(|id| {
+            let c = counters.get(id.as_str());
+            let get = |name: &str| c.and_then(|c| c.get(name)).copied().unwrap_or(0);
+            let mut outcomes = [0u64; Outcome::ALL.len()];
+            for o in Outcome::ALL {
+                outcomes[o.index()] = get(o.key());
+            }
+            let allocations = scores
+                .get(id.as_str())
+                .or_else(|| saved.get(id.as_str()))
+                .copied()
+                .unwrap_or(0.0) as u64;
+            super::member_status(
+                id,
+                live_by.get(id.as_str()).copied().unwrap_or(0),
+                allocations,
+                &outcomes,
+                Duration::from_micros(get("latency_us")),
+                get("latency_n"),
+            )
+        })
+        .collect();
+    PoolStatus {
+        sessions_live,
+        members,
+    }
+}

@@ -1,0 +1,124 @@
+//! The Lua scripts of `lua/`, one per atomic decision, and their replies.
+//!
+//! Each is run with `invoke_async`: EVALSHA, and after a `NOSCRIPT` (Redis restarted, or
+//! `SCRIPT FLUSH`) a `SCRIPT LOAD` and the EVALSHA again, transparently. On a cluster the load goes
+//! to every node.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+macro_rules! script {
+    ($name:ident, $file:literal) => {
+        pub(super) static $name: LazyLock<Script> =
+            LazyLock::new(|| Script::new(include_str!(concat!("../../../lua/", $file))));
+    };
+}
+
+script!(ACQUIRE, "acquire.lua");
+script!(RELEASE, "release.lua");
+script!(SET_MEMBER, "set_member.lua");
+script!(CONFIGURE, "configure.lua");
+script!(UNBIND, "unbind.lua");
+script!(END_SESSION, "end_session.lua");
+script!(STATUS, "status.lua");
+script!(LOCK_ACQUIRE, "lock_acquire.lua");
+script!(LOCK_EXTEND, "lock_extend.lua");
+script!(LOCK_RELEASE, "lock_release.lua");
+
+/// What `acquire.lua` answered.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum AcquireReply {
+    Granted {
+        upstream: String,
+        bound_now: bool,
+    },
+    /// Every candidate at its cap; the earliest lease deadline (ms), when there is a lease.
+    AtCapacity {
+        earliest_deadline_ms: Option<u64>,
+    },
+    Unavailable(String),
+    NoCandidates,
+    /// The pool's state is missing: Redis lost its data.
+    Unconfigured,
+}
+
+impl AcquireReply {
+    pub fn parse(reply: Vec<String>) -> Result<Self, String> {
+        let mut it = reply.into_iter();
+        let kind = it.next().unwrap_or_default();
+        let mut next = || {
+            it.next()
+                .ok_or_else(|| format!("acquire: short `{kind}` reply"))
+        };
+        Ok(match kind.as_str() {
+            "granted" => {
+                let upstream = next()?;
+                let bound_now = next()? == "1";
+                AcquireReply::Granted {
+                    upstream,
+                    bound_now,
+                }
+            }
+            "cap" => AcquireReply::AtCapacity {
+                earliest_deadline_ms: next()?
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|ms| *ms >= 0.0)
+                    .map(|ms| ms as u64),
+            },
+            "unavailable" => AcquireReply::Unavailable(next()?),
+            "none" => AcquireReply::NoCandidates,
+            "unconfigured" => AcquireReply::Unconfigured,
+            other => return Err(format!("acquire: unexpected reply `{other}`")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_replies_parse() {
+        let v = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            AcquireReply::parse(v(&["granted", "u1", "1"])).unwrap(),
+            AcquireReply::Granted {
+                upstream: "u1".into(),
+                bound_now: true
+            }
+        );
+        assert_eq!(
+            AcquireReply::parse(v(&["cap", "1700000000123"])).unwrap(),
+            AcquireReply::AtCapacity {
+                earliest_deadline_ms: Some(1_700_000_000_123)
+            }
+        );
+        assert_eq!(
+            AcquireReply::parse(v(&["cap", "-1"])).unwrap(),
+            AcquireReply::AtCapacity {
+                earliest_deadline_ms: None
+            }
+        );
+        assert!(AcquireReply::parse(v(&["granted"])).is_err());
+        assert!(AcquireReply::parse(v(&["what"])).is_err());
+        // Every script compiles into a distinct hash.
+        let hashes: std::collections::HashSet<&str> = [
+            &ACQUIRE,
+            &RELEASE,
+            &SET_MEMBER,
+            &CONFIGURE,
+            &UNBIND,
+            &END_SESSION,
+            &STATUS,
+            &LOCK_ACQUIRE,
+            &LOCK_EXTEND,
+            &LOCK_RELEASE,
+        ]
+        .iter()
+        .map(|s| s.get_hash())
+        .collect();
+        assert_eq!(hashes.len(), 9);
+    }
+}

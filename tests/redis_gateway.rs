@@ -1,0 +1,621 @@
+//! Several gateway processes sharing one pool through Redis: caps and balance across instances,
+//! sessions and quarantines seen everywhere without polling, capacity back after a SIGKILL,
+//! NOSCRIPT and restarts under load, a Redis outage under load, and the commands a request and an
+//! idle instance cost.
+//!
+//! Every Redis is started by the test itself on a free loopback port; every gateway is the
+//! `poolgate` binary as a child process.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::gateway::GatewayProcess;
+use common::{FakeProxy, FakeProxyOpts, Origin, OriginBehaviour, ProxyMode, RedisServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A gateway config on `redis_url` with `upstreams` in the default pool.
+fn config(redis_url: &str, upstreams: &[String], origin_port: u16, pool_extra: &str) -> String {
+    let list: Vec<String> = upstreams.iter().map(|u| format!("\"{u}\"")).collect();
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n\
+         [store]\nkind = \"redis\"\nurl = \"{redis_url}\"\ntimeout = \"250ms\"\n\
+         [policy]\nallow_private_targets = true\nconnect_ports = [{origin_port}]\n\
+         [pools.default]\nupstreams = [{}]\n{pool_extra}\n",
+        list.join(", ")
+    )
+}
+
+async fn upstreams(n: usize) -> Vec<FakeProxy> {
+    let mut ups = Vec::new();
+    for _ in 0..n {
+        ups.push(FakeProxy::start(FakeProxyOpts::default()).await);
+    }
+    ups
+}
+
+fn client_via(gw: &GatewayProcess) -> reqwest::Client {
+    reqwest::Client::builder()
+        .proxy(reqwest::Proxy::all(format!("http://{}", gw.proxy)).unwrap())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+async fn status(gw: &GatewayProcess) -> serde_json::Value {
+    let body = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+        .get(format!("http://{}/status", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// `id → allocations` of the default pool, as `/status` shows them.
+async fn allocations(gw: &GatewayProcess) -> BTreeMap<String, u64> {
+    status(gw).await["pools"][0]["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            (
+                u["id"].as_str().unwrap().to_string(),
+                u["allocations"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The Redis client name prefix of a gateway (`poolgate:<instance id>`, as the store spells it).
+async fn client_name(gw: &GatewayProcess) -> String {
+    let id = status(gw).await["instance_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let clean: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.:".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("poolgate:{clean}")
+}
+
+/// Sends `GET url` through `client`, returning (status, upstream header).
+async fn get(client: &reqwest::Client, url: &str, session: Option<&str>) -> (u16, String) {
+    let mut req = client.get(url);
+    if let Some(s) = session {
+        req = req.header("X-Pool-Session", s);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let upstream = resp
+        .headers()
+        .get("x-pool-upstream")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    resp.bytes().await.unwrap();
+    (status, upstream)
+}
+
+/// Opens a CONNECT tunnel through `proxy` to `target`; returns the stream once the 200 came.
+async fn connect_tunnel(proxy: &str, target: &str) -> Result<tokio::net::TcpStream, String> {
+    let mut s = tokio::net::TcpStream::connect(proxy)
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
+        let n = s.read(&mut byte).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("closed".into());
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    if head.starts_with("HTTP/1.1 200") {
+        Ok(s)
+    } else {
+        Err(head)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_caps_and_balance_under_400_concurrent_clients() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(8).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let text = config(
+        &redis.url(),
+        &urls,
+        origin.port(),
+        "max_concurrency = 3\nqueue_timeout = \"60s\"",
+    );
+    let a = GatewayProcess::spawn(&text).await;
+    let b = GatewayProcess::spawn(&text).await;
+    let (ca, cb) = (client_via(&a), client_via(&b));
+    let evalsha_before = redis.command_calls().get("evalsha").copied().unwrap_or(0);
+    let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..400 {
+        let client = if i % 2 == 0 { ca.clone() } else { cb.clone() };
+        let url = origin.url("/slow?ms=20");
+        clients.spawn(async move {
+            let mut statuses = Vec::new();
+            for _ in 0..2 {
+                statuses.push(get(&client, &url, None).await.0);
+            }
+            statuses
+        });
+    }
+    while let Some(r) = clients.join_next().await {
+        assert!(r.unwrap().iter().all(|s| *s == 200));
+    }
+    let took = started.elapsed();
+    let peaks: Vec<usize> = ups.iter().map(|u| u.peak_in_flight()).collect();
+    assert!(peaks.iter().all(|&p| p <= 3), "peaks {peaks:?}");
+    assert!(peaks.contains(&3), "the cap was reached: {peaks:?}");
+    // Both instances see the same, shared counts.
+    let (alloc_a, alloc_b) = (allocations(&a).await, allocations(&b).await);
+    assert_eq!(alloc_a, alloc_b);
+    assert_eq!(alloc_a.values().sum::<u64>(), 800);
+    let spread = alloc_a.values().max().unwrap() - alloc_a.values().min().unwrap();
+    assert!(spread <= 2, "allocations {alloc_a:?}");
+    let evalsha = redis.command_calls()["evalsha"] - evalsha_before;
+    eprintln!(
+        "800 requests from 400 clients over 2 instances in {took:?}: peaks {peaks:?}, \
+         allocations {:?} (spread {spread}), {evalsha} EVALSHA ({:.2} per request)",
+        alloc_a.values().collect::<Vec<_>>(),
+        evalsha as f64 / 800.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_sent_to_both_instances_at_once_leaves_through_one_upstream() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(6).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let text = config(&redis.url(), &urls, origin.port(), "");
+    let a = GatewayProcess::spawn(&text).await;
+    let b = GatewayProcess::spawn(&text).await;
+    let (ca, cb) = (client_via(&a), client_via(&b));
+    let url = origin.url("/ok");
+    let mut agreed = 0;
+    let mut used = HashMap::new();
+    for round in 0..100 {
+        let key = format!("fresh-{round}-{:08x}", rand::random::<u32>());
+        let ((sa, ua), (sb, ub)) = tokio::join!(
+            get(&ca, &url, Some(key.as_str())),
+            get(&cb, &url, Some(key.as_str()))
+        );
+        assert_eq!((sa, sb), (200, 200));
+        assert_eq!(
+            ua, ub,
+            "round {round}: instances disagree about session {key}"
+        );
+        agreed += 1;
+        *used.entry(ua).or_insert(0) += 1;
+    }
+    assert_eq!(agreed, 100);
+    assert!(used.len() > 1, "sessions spread over upstreams: {used:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_poll() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(4).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let text = config(&redis.url(), &urls, origin.port(), "");
+    let a = GatewayProcess::spawn(&text).await;
+    let b = GatewayProcess::spawn(&text).await;
+    let (ca, cb) = (client_via(&a), client_via(&b));
+    let url = origin.url("/ok");
+    let b_addrs = redis.client_addrs(&client_name(&b).await);
+    assert_eq!(b_addrs.len(), 2, "B has a command and an events connection");
+    let monitor = redis.monitor().await;
+
+    // A session bound through A is honoured by B.
+    let (_, bound) = get(&ca, &url, Some("shared-1")).await;
+    for _ in 0..5 {
+        assert_eq!(get(&cb, &url, Some("shared-1")).await.1, bound);
+    }
+
+    // A plain request costs two commands: EVALSHA acquire and EVALSHA release.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    monitor.clear();
+    let before = redis.command_calls()["evalsha"];
+    for _ in 0..20 {
+        assert_eq!(get(&cb, &url, None).await.0, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = monitor.commands_from(&b_addrs);
+    let evalsha = redis.command_calls()["evalsha"] - before;
+    eprintln!(
+        "20 plain requests through B: B sent {} commands ({:?}…), INFO commandstats evalsha +{evalsha}",
+        sent.len(),
+        sent.iter().take(3).collect::<Vec<_>>()
+    );
+    assert_eq!(sent.len(), 40, "{sent:?}");
+    assert!(sent.iter().all(|c| c == "EVALSHA"), "{sent:?}");
+    assert_eq!(evalsha, 40);
+
+    // A quarantine decided on A: B stops choosing the upstream at once, without asking.
+    let victim = &ups[3];
+    let victim_id = victim.url();
+    victim.set_mode(ProxyMode::Captcha).await;
+    monitor.clear();
+    let state_key = "pg:{default}:state";
+    let mut flipped = None;
+    for _ in 0..200 {
+        get(&ca, &url, None).await;
+        if redis
+            .cli(&["HGET", state_key, &victim_id])
+            .starts_with("0|")
+        {
+            flipped = Some(Instant::now());
+            break;
+        }
+    }
+    let flipped = flipped.expect("A quarantined the captcha-serving upstream");
+    // While A was deciding, B (idle) sent nothing at all: it is told, it does not poll.
+    let idle = monitor.commands_from(&b_addrs);
+    let mut first_at = None;
+    let mut chosen = Vec::new();
+    for _ in 0..40 {
+        first_at.get_or_insert_with(|| flipped.elapsed());
+        chosen.push(get(&cb, &url, None).await.1);
+    }
+    let first_at = first_at.unwrap();
+    assert!(
+        first_at < Duration::from_millis(100),
+        "B's first request {first_at:?} after the quarantine"
+    );
+    assert!(
+        !chosen.contains(&victim_id),
+        "B never chose the quarantined upstream: {chosen:?}"
+    );
+    assert!(idle.is_empty(), "B polled: {idle:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b_cmds = monitor.commands_from(&b_addrs);
+    assert_eq!(b_cmds.len(), 80, "2 per request: {b_cmds:?}");
+    let a_status = status(&a).await;
+    let victim_state = a_status["pools"][0]["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["id"] == victim_id.as_str())
+        .unwrap()["state"]
+        .clone();
+    assert_eq!(victim_state, "quarantined");
+    // B heard the decision over pub/sub (it logs member settings from other instances).
+    b.signal("TERM");
+    let mut b = b;
+    tokio::time::timeout(Duration::from_secs(10), b.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let log = b.log.await.unwrap();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("member setting from another instance") && l.contains(&victim_id)),
+        "{log:#?}"
+    );
+    eprintln!(
+        "quarantine on A seen in redis; B's first request {first_at:?} later avoided it; \
+         B sent 0 commands while idle"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_returns_its_capacity_within_lease_ttl() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let up = FakeProxy::start(FakeProxyOpts::default()).await;
+    let text = config(
+        &redis.url(),
+        &[up.url()],
+        origin.port(),
+        "max_concurrency = 10\nlease_ttl = \"1s\"\nqueue_timeout = \"10s\"",
+    );
+    let a = GatewayProcess::spawn(&text).await;
+    let b = GatewayProcess::spawn(&text).await;
+    let target = origin.authority();
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        held.push(connect_tunnel(&a.proxy, &target).await.unwrap());
+    }
+    assert_eq!(redis.cli(&["ZCARD", "pg:{default}:leases"]).trim(), "10");
+    // B's tunnels wait for capacity (A renews its leases every half TTL while they are open).
+    let mut waiting = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let proxy = b.proxy.clone();
+        let target = target.clone();
+        waiting.spawn(async move {
+            let s = connect_tunnel(&proxy, &target).await;
+            (s.map(drop), Instant::now())
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        waiting.len(),
+        10,
+        "nothing got through while A held the cap"
+    );
+    a.signal("KILL");
+    let killed = Instant::now();
+    let mut last = Duration::ZERO;
+    while let Some(r) = waiting.join_next().await {
+        let (s, at) = r.unwrap();
+        s.unwrap();
+        last = last.max(at.duration_since(killed));
+    }
+    eprintln!("SIGKILL with 10 leases: all 10 slots back through B after {last:?} (lease_ttl 1s)");
+    assert!(
+        last < Duration::from_millis(1600),
+        "capacity back after {last:?}"
+    );
+    drop(held);
+}
+
+/// Plain requests in a loop until `stop`; counts requests and failures, keeps the slowest.
+struct Load {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    slowest_ms: Arc<AtomicU64>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Load {
+    fn start(client: &reqwest::Client, url: &str, workers: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let slowest_ms = Arc::new(AtomicU64::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..workers {
+            let (client, url) = (client.clone(), url.to_string());
+            let (stop, done, failed, slowest) = (
+                stop.clone(),
+                done.clone(),
+                failed.clone(),
+                slowest_ms.clone(),
+            );
+            tasks.spawn(async move {
+                // Bounded: at most 100k requests per worker.
+                for _ in 0..100_000 {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let started = Instant::now();
+                    let ok = match client.get(&url).send().await {
+                        Ok(r) => r.status() == 200 && r.bytes().await.is_ok(),
+                        Err(_) => false,
+                    };
+                    slowest.fetch_max(started.elapsed().as_millis() as u64, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    if !ok {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+        Load {
+            stop,
+            done,
+            failed,
+            slowest_ms,
+            tasks,
+        }
+    }
+
+    /// Forgets the slowest request so far.
+    fn reset_slowest(&self) {
+        self.slowest_ms.store(0, Ordering::SeqCst);
+    }
+
+    async fn finish(mut self) -> (usize, usize, u64) {
+        self.stop.store(true, Ordering::SeqCst);
+        while self.tasks.join_next().await.is_some() {}
+        (
+            self.done.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+            self.slowest_ms.load(Ordering::SeqCst),
+        )
+    }
+}
+
+async fn store_health(gw: &GatewayProcess) -> String {
+    status(gw).await["store"]["health"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Waits (bounded) until `/status` shows the store health `want`; returns how long it took.
+async fn wait_health(gw: &GatewayProcess, want: &str, limit: Duration) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if store_health(gw).await == want {
+            return started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("store health never became {want} within {limit:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_and_a_redis_restart_under_load_fail_no_request() {
+    common::init_tracing();
+    let mut redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(4).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    let client = client_via(&gw);
+    let url = origin.url("/ok");
+    let mut bound = Vec::new();
+    for i in 0..20 {
+        let key = format!("keep-{i}");
+        let (s, up) = get(&client, &url, Some(key.as_str())).await;
+        assert_eq!(s, 200);
+        bound.push((key, up));
+    }
+    let load = Load::start(&client, &url, 6);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.cli(&["SCRIPT", "FLUSH"]);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let reloads = redis
+        .command_calls()
+        .get("script|load")
+        .copied()
+        .unwrap_or(0);
+    assert!(reloads >= 1, "the scripts were reloaded after NOSCRIPT");
+    assert_eq!(store_health(&gw).await, "ok", "NOSCRIPT is not an outage");
+    let restart = Instant::now();
+    redis.restart().await;
+    let restarted_in = restart.elapsed();
+    let back = wait_health(&gw, "ok", Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (done, failed, slowest) = load.finish().await;
+    eprintln!(
+        "SCRIPT FLUSH + restart under load: {done} requests, {failed} failed, slowest {slowest}ms, \
+         {reloads} script loads; redis down {restarted_in:?}, store ok again {back:?} after it was back"
+    );
+    assert_eq!(failed, 0);
+    assert_eq!(
+        redis.cli(&["EXISTS", "pg:{default}:meta"]).trim(),
+        "1",
+        "the pool was declared again"
+    );
+    // Bindings were lost with Redis; the same upstreams are derived again.
+    for (key, up) in &bound {
+        assert_eq!(&get(&client, &url, Some(key.as_str())).await.1, up, "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_for_10s_under_load_degrades_without_hanging_and_recovers() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(4).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    let client = client_via(&gw);
+    let url = origin.url("/ok");
+    let load = Load::start(&client, &url, 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let normal_ms = load.slowest_ms.load(Ordering::SeqCst);
+    load.reset_slowest();
+    // SIGSTOP: connections stay open, nothing answers — the worst case for timeouts.
+    redis.pause();
+    let paused = Instant::now();
+    let degraded_after = wait_health(&gw, "degraded", Duration::from_secs(5)).await;
+    let done_at_pause = load.done.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(paused.elapsed())).await;
+    let served_while_down = load.done.load(Ordering::SeqCst) - done_at_pause;
+    let outage_slowest = load.slowest_ms.load(Ordering::SeqCst);
+    redis.resume();
+    let recovered_after = wait_health(&gw, "ok", Duration::from_secs(15)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (done, failed, _) = load.finish().await;
+    eprintln!(
+        "redis stopped 10s under load: {done} requests, {failed} failed, {served_while_down} served \
+         while it was stopped; slowest {outage_slowest}ms during the outage (normal {normal_ms}ms, \
+         store timeout 250ms); degraded after {degraded_after:?}; ok again {recovered_after:?} after \
+         it resumed"
+    );
+    assert_eq!(failed, 0);
+    assert!(
+        served_while_down > 100,
+        "kept answering: {served_while_down}"
+    );
+    assert!(
+        outage_slowest <= 250 + normal_ms + 250,
+        "a request waited {outage_slowest}ms (timeout 250ms, normal {normal_ms}ms)"
+    );
+    // Leases granted by Redis before the outage and released during it were replayed.
+    assert_eq!(
+        redis.cli(&["ZCARD", "pg:{default}:leases"]).trim(),
+        "0",
+        "no lease leaked"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_sends_redis_next_to_nothing() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(2).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    let addrs = redis.client_addrs(&client_name(&gw).await);
+    let monitor = redis.monitor().await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let sent = monitor.commands_from(&addrs);
+    eprintln!("idle instance over 10s: {} commands {sent:?}", sent.len());
+    // One PING every 30 s on the events connection at most.
+    assert!(sent.len() <= 1, "{sent:?}");
+    assert!(sent.iter().all(|c| c == "PING"), "{sent:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_while_redis_is_down_serves_and_joins_when_it_comes_up() {
+    common::init_tracing();
+    let mut redis = RedisServer::start().await;
+    redis.stop();
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(2).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    assert_eq!(store_health(&gw).await, "degraded");
+    let client = client_via(&gw);
+    let url = origin.url("/ok");
+    for _ in 0..10 {
+        let started = Instant::now();
+        assert_eq!(get(&client, &url, None).await.0, 200);
+        assert!(started.elapsed() < Duration::from_millis(500));
+    }
+    redis.restart().await;
+    let back = wait_health(&gw, "ok", Duration::from_secs(10)).await;
+    eprintln!("started without redis; joined it {back:?} after it came up");
+    assert_eq!(redis.cli(&["EXISTS", "pg:{default}:meta"]).trim(), "1");
+    // The first request loads the scripts into the fresh server (EVALSHA, NOSCRIPT, LOAD).
+    assert_eq!(get(&client, &url, None).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = redis.command_calls().get("evalsha").copied().unwrap_or(0);
+    assert_eq!(get(&client, &url, None).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        redis.command_calls()["evalsha"] - before,
+        2,
+        "served from redis again"
+    );
+}

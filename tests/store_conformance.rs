@@ -1,0 +1,768 @@
+//! One `Store` conformance suite, run against every backend: the embedded memory store, a single
+//! Redis, and a three-node Redis Cluster (both started by the tests on free loopback ports).
+//!
+//! Each case takes a [`Backend`] and asks it for `n` clients of one shared state: the memory store
+//! seen `n` times, or `n` separate Redis stores, as `n` gateway instances would have. Redis time is
+//! real, so time-dependent cases use short TTLs (a few hundred ms) and bounded waits.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{RedisCluster, RedisServer};
+use poolgate::config::Strategy;
+use poolgate::health::Outcome;
+use poolgate::store::memory::MemoryStore;
+use poolgate::store::redis::{RedisSettings, RedisStore};
+use poolgate::store::{
+    Acquired, AnyStore, Grant, MemberChange, MemberState, PoolSpec, Store, Want,
+};
+use poolgate::upstream::UpstreamId;
+
+/// Bound on each Redis call in these tests: generous, the machine may be busy.
+const TEST_STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+enum Backend {
+    Memory,
+    Redis(String),
+}
+
+type Clients = Vec<Arc<AnyStore>>;
+
+impl Backend {
+    async fn clients(&self, n: usize, spec: &PoolSpec) -> Clients {
+        let clients: Clients = match self {
+            Backend::Memory => {
+                // One state seen by every client, on purpose.
+                let shared = Arc::new(AnyStore::Memory(MemoryStore::new()));
+                (0..n).map(|_| shared.clone()).collect()
+            }
+            Backend::Redis(url) => (0..n)
+                .map(|i| {
+                    Arc::new(AnyStore::Redis(
+                        RedisStore::new(RedisSettings {
+                            url: url.clone(),
+                            timeout: TEST_STORE_TIMEOUT,
+                            key_prefix: "pgtest".into(),
+                            instance_id: format!("conformance-{i}-{:08x}", rand::random::<u32>()),
+                        })
+                        .unwrap(),
+                    ))
+                })
+                .collect(),
+        };
+        for c in &clients {
+            c.configure(spec.clone()).await.unwrap();
+        }
+        clients
+    }
+
+    fn is_redis(&self) -> bool {
+        matches!(self, Backend::Redis(_))
+    }
+}
+
+/// Every answer came from the shared state, not from a degraded local view.
+fn assert_healthy(clients: &Clients) {
+    for c in clients {
+        assert_eq!(c.health(), "ok", "a client served degraded");
+    }
+}
+
+fn ids(n: usize) -> Vec<UpstreamId> {
+    (0..n)
+        .map(|i| UpstreamId::new(format!("http://10.0.0.{i}:3128")))
+        .collect()
+}
+
+fn spec(
+    case: &str,
+    n: usize,
+    strategy: Strategy,
+    cap: Option<u32>,
+    lease_ttl: Duration,
+) -> (PoolSpec, Vec<UpstreamId>) {
+    let members = ids(n);
+    (
+        PoolSpec {
+            name: format!("{case}-{:08x}", rand::random::<u32>()),
+            members: members.clone(),
+            strategy,
+            max_concurrency: cap,
+            lease_ttl,
+        },
+        members,
+    )
+}
+
+fn granted(a: Acquired) -> Grant {
+    match a {
+        Acquired::Granted(g) => g,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+const ANY: Want<'static> = Want::Any { exclude: &[] };
+
+fn session<'a>(key: &'a str, ttl: Duration, preferred: &'a [UpstreamId], rebind: bool) -> Want<'a> {
+    Want::Session {
+        key,
+        ttl,
+        preferred,
+        rebind,
+    }
+}
+
+async fn release(s: &AnyStore, pool: &str, g: &Grant) {
+    s.release(
+        pool,
+        &g.upstream,
+        g.lease,
+        Outcome::Ok,
+        Duration::from_millis(3),
+    )
+    .await
+    .unwrap();
+}
+
+async fn allocations(s: &AnyStore, pool: &str) -> HashMap<String, u64> {
+    s.status(pool)
+        .await
+        .unwrap()
+        .members
+        .into_iter()
+        .map(|m| (m.id, m.allocations))
+        .collect()
+}
+
+/// Acquires, waiting (bounded) for capacity like the request path does.
+async fn acquire_waiting(s: &AnyStore, pool: &str, want: Want<'_>) -> Grant {
+    let signal = s.release_signal(pool);
+    for _ in 0..200 {
+        let notified = signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        match s.acquire(pool, want).await.unwrap() {
+            Acquired::Granted(g) => return g,
+            Acquired::AtCapacity => {
+                let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    panic!("no capacity came back");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cases.
+
+async fn least_used_balance(b: &Backend) {
+    let (spec, _) = spec("lu", 8, Strategy::LeastUsed, None, Duration::from_secs(30));
+    let c = b.clients(2, &spec).await;
+    for i in 0..400 {
+        let s = &c[i % 2];
+        let g = granted(s.acquire(&spec.name, ANY).await.unwrap());
+        release(s, &spec.name, &g).await;
+    }
+    let allocs: Vec<u64> = allocations(&c[0], &spec.name).await.into_values().collect();
+    assert_eq!(allocs.iter().sum::<u64>(), 400, "{allocs:?}");
+    let spread = allocs.iter().max().unwrap() - allocs.iter().min().unwrap();
+    assert!(spread <= 1, "{allocs:?}");
+    assert_healthy(&c);
+}
+
+async fn cap_never_exceeded_under_concurrent_acquires(b: &Backend) {
+    const CAP: usize = 2;
+    let (spec, _) = spec(
+        "cap",
+        4,
+        Strategy::LeastUsed,
+        Some(CAP as u32),
+        Duration::from_secs(30),
+    );
+    let c = b.clients(3, &spec).await;
+    let live: Arc<Mutex<HashMap<UpstreamId, (usize, usize)>>> = Arc::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..24 {
+        let s = c[t % c.len()].clone();
+        let pool = spec.name.clone();
+        let live = live.clone();
+        tasks.spawn(async move {
+            for _ in 0..8 {
+                let g = acquire_waiting(&s, &pool, ANY).await;
+                {
+                    let mut l = live.lock().unwrap();
+                    let e = l.entry(g.upstream.clone()).or_default();
+                    e.0 += 1;
+                    e.1 = e.1.max(e.0);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                live.lock().unwrap().get_mut(&g.upstream).unwrap().0 -= 1;
+                release(&s, &pool, &g).await;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let peaks: Vec<usize> = live.lock().unwrap().values().map(|(_, p)| *p).collect();
+    assert!(peaks.iter().all(|&p| p <= CAP), "peaks {peaks:?}");
+    assert!(peaks.contains(&CAP), "the cap was reached: {peaks:?}");
+    let total: u64 = allocations(&c[0], &spec.name).await.values().sum();
+    assert_eq!(total, 24 * 8);
+    let st = c[0].status(&spec.name).await.unwrap();
+    assert!(st.members.iter().all(|m| m.leases_live == 0), "{st:?}");
+    assert_healthy(&c);
+}
+
+async fn exclusion_and_no_candidates(b: &Backend) {
+    for strategy in [
+        Strategy::LeastUsed,
+        Strategy::RoundRobin,
+        Strategy::LeastConnections,
+    ] {
+        let (spec, m) = spec("excl", 2, strategy, None, Duration::from_secs(30));
+        let c = b.clients(1, &spec).await;
+        let s = &c[0];
+        assert_eq!(
+            s.acquire(&spec.name, Want::Any { exclude: &m })
+                .await
+                .unwrap(),
+            Acquired::NoCandidates
+        );
+        let g = granted(
+            s.acquire(&spec.name, Want::Any { exclude: &m[..1] })
+                .await
+                .unwrap(),
+        );
+        assert_eq!(g.upstream, m[1], "{strategy:?}");
+        release(s, &spec.name, &g).await;
+        // Nobody eligible is no candidate either.
+        for id in &m {
+            s.set_member(
+                &spec.name,
+                id,
+                MemberState {
+                    eligible: false,
+                    keeps_sessions: true,
+                    cost: 1,
+                },
+            )
+            .await
+            .unwrap();
+        }
+        assert_eq!(
+            s.acquire(&spec.name, ANY).await.unwrap(),
+            Acquired::NoCandidates,
+            "{strategy:?}"
+        );
+        assert_healthy(&c);
+    }
+}
+
+async fn strategies_rotate(b: &Backend) {
+    let (spec_rr, m) = spec("rr", 3, Strategy::RoundRobin, None, Duration::from_secs(30));
+    let c = b.clients(2, &spec_rr).await;
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        let s = &c[i % 2];
+        let g = granted(s.acquire(&spec_rr.name, ANY).await.unwrap());
+        release(s, &spec_rr.name, &g).await;
+        seen.push(g.upstream);
+    }
+    let expect: Vec<UpstreamId> = m.iter().chain(m.iter()).cloned().collect();
+    assert_eq!(seen, expect);
+    // A member of cost 2 takes one turn in two.
+    c[0].set_member(
+        &spec_rr.name,
+        &m[1],
+        MemberState {
+            eligible: true,
+            keeps_sessions: true,
+            cost: 2,
+        },
+    )
+    .await
+    .unwrap();
+    let mut counts: HashMap<UpstreamId, usize> = HashMap::new();
+    for _ in 0..10 {
+        let g = granted(c[1].acquire(&spec_rr.name, ANY).await.unwrap());
+        release(&c[1], &spec_rr.name, &g).await;
+        *counts.entry(g.upstream).or_default() += 1;
+    }
+    assert_eq!(counts.get(&m[1]).copied().unwrap_or(0), 2, "{counts:?}");
+
+    let (spec_lc, _) = spec(
+        "lc",
+        3,
+        Strategy::LeastConnections,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec_lc).await;
+    let a = granted(c[0].acquire(&spec_lc.name, ANY).await.unwrap());
+    let bb = granted(c[1].acquire(&spec_lc.name, ANY).await.unwrap());
+    assert_ne!(a.upstream, bb.upstream);
+    release(&c[0], &spec_lc.name, &a).await;
+    let d = granted(c[0].acquire(&spec_lc.name, ANY).await.unwrap());
+    assert_ne!(d.upstream, bb.upstream, "b still holds a connection");
+    assert_healthy(&c);
+}
+
+async fn sessions_bind_once_and_slide(b: &Backend) {
+    let (spec, m) = spec(
+        "sess",
+        4,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    let long = Duration::from_secs(30);
+    // Two clients binding the same new key at once, preferring different upstreams: the binding
+    // is set-if-absent, so both leave through the winner's choice.
+    for round in 0..20 {
+        let key = format!("race-{round}");
+        let pa = vec![m[round % 4].clone()];
+        let pb = vec![m[(round + 1) % 4].clone()];
+        let (ga, gb) = tokio::join!(
+            c[0].acquire(&spec.name, session(&key, long, &pa, false)),
+            c[1].acquire(&spec.name, session(&key, long, &pb, false)),
+        );
+        let (ga, gb) = (granted(ga.unwrap()), granted(gb.unwrap()));
+        assert_eq!(ga.upstream, gb.upstream, "round {round}");
+        assert!(ga.bound_now ^ gb.bound_now, "exactly one bound it");
+        release(&c[0], &spec.name, &ga).await;
+        release(&c[1], &spec.name, &gb).await;
+    }
+    // Sliding TTL: each use pushes the expiry out; a live binding ignores a new preference.
+    let ttl = Duration::from_millis(600);
+    let first = vec![m[2].clone(), m[0].clone()];
+    let other = vec![m[1].clone()];
+    let g = granted(
+        c[0].acquire(&spec.name, session("slide", ttl, &first, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (m[2].clone(), true));
+    release(&c[0], &spec.name, &g).await;
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let g = granted(
+            c[i % 2]
+                .acquire(&spec.name, session("slide", ttl, &other, false))
+                .await
+                .unwrap(),
+        );
+        assert_eq!((g.upstream.clone(), g.bound_now), (m[2].clone(), false));
+        release(&c[i % 2], &spec.name, &g).await;
+    }
+    // Unused past its TTL, it is gone: the next use binds afresh.
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let g = granted(
+        c[1].acquire(&spec.name, session("slide", ttl, &other, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (m[1].clone(), true));
+    release(&c[1], &spec.name, &g).await;
+    assert!(c[0].status(&spec.name).await.unwrap().sessions_live >= 1);
+    // Unbind deletes only a binding that still points at the given upstream.
+    c[0].unbind(&spec.name, "slide", &m[0]).await.unwrap();
+    let g = granted(
+        c[0].acquire(&spec.name, session("slide", ttl, &first, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(g.upstream, m[1]);
+    release(&c[0], &spec.name, &g).await;
+    c[0].unbind(&spec.name, "slide", &m[1]).await.unwrap();
+    let g = granted(
+        c[1].acquire(&spec.name, session("slide", ttl, &first, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (m[2].clone(), true));
+    release(&c[1], &spec.name, &g).await;
+    assert_healthy(&c);
+}
+
+async fn session_unavailable_and_rebind(b: &Backend) {
+    let (spec, m) = spec(
+        "unavail",
+        3,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    let ttl = Duration::from_secs(30);
+    let pref = vec![m[0].clone(), m[1].clone()];
+    let g = granted(
+        c[0].acquire(&spec.name, session("k", ttl, &pref, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(g.upstream, m[0]);
+    release(&c[0], &spec.name, &g).await;
+    // Quarantined: the session keeps it (no teleporting), new sessions go elsewhere.
+    let quarantined = MemberState {
+        eligible: false,
+        keeps_sessions: true,
+        cost: 1,
+    };
+    c[0].set_member(&spec.name, &m[0], quarantined)
+        .await
+        .unwrap();
+    let g = granted(
+        c[1].acquire(&spec.name, session("k", ttl, &pref, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (m[0].clone(), false));
+    release(&c[1], &spec.name, &g).await;
+    let g = granted(
+        c[1].acquire(&spec.name, session("k2", ttl, &pref, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (m[1].clone(), true));
+    release(&c[1], &spec.name, &g).await;
+    // Dead: the session fails clearly, unless the pool rebinds.
+    let dead = MemberState {
+        eligible: false,
+        keeps_sessions: false,
+        cost: 1,
+    };
+    c[1].set_member(&spec.name, &m[0], dead).await.unwrap();
+    assert_eq!(
+        c[0].acquire(&spec.name, session("k", ttl, &pref, false))
+            .await
+            .unwrap(),
+        Acquired::SessionUnavailable(m[0].clone())
+    );
+    let g = granted(
+        c[0].acquire(&spec.name, session("k", ttl, &pref, true))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (m[1].clone(), true));
+    release(&c[0], &spec.name, &g).await;
+    // No eligible preferred member at all.
+    let only_dead = vec![m[0].clone()];
+    assert_eq!(
+        c[0].acquire(&spec.name, session("k3", ttl, &only_dead, false))
+            .await
+            .unwrap(),
+        Acquired::NoCandidates
+    );
+    assert_healthy(&c);
+}
+
+async fn set_member_eligibility_and_returning_score(b: &Backend) {
+    let (spec, m) = spec(
+        "member",
+        3,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    let pool = &spec.name;
+    for _ in 0..3 {
+        let g = granted(c[0].acquire(pool, ANY).await.unwrap());
+        release(&c[0], pool, &g).await;
+    }
+    let out = MemberState {
+        eligible: false,
+        keeps_sessions: true,
+        cost: 1,
+    };
+    c[1].set_member(pool, &m[0], out).await.unwrap();
+    for i in 0..20 {
+        let g = granted(c[i % 2].acquire(pool, ANY).await.unwrap());
+        assert_ne!(g.upstream, m[0], "a quarantined member is no candidate");
+        release(&c[i % 2], pool, &g).await;
+    }
+    let a = allocations(&c[0], pool).await;
+    assert_eq!(a[m[0].as_str()], 1, "{a:?}");
+    assert_eq!(a[m[1].as_str()], 11, "{a:?}");
+    // Returning: max(its old score, the current minimum), so it is not flooded.
+    c[0].set_member(pool, &m[0], MemberState::IN_SERVICE)
+        .await
+        .unwrap();
+    let a = allocations(&c[1], pool).await;
+    assert_eq!(a[m[0].as_str()], 11, "{a:?}");
+    // Cost 2 takes half the share of cost 1 (least-used grows the score by the cost).
+    c[1].set_member(
+        pool,
+        &m[1],
+        MemberState {
+            eligible: true,
+            keeps_sessions: true,
+            cost: 2,
+        },
+    )
+    .await
+    .unwrap();
+    let mut picks: HashMap<UpstreamId, i64> = HashMap::new();
+    for i in 0..40 {
+        let g = granted(c[i % 2].acquire(pool, ANY).await.unwrap());
+        release(&c[i % 2], pool, &g).await;
+        *picks.entry(g.upstream).or_default() += 1;
+    }
+    assert!((picks[&m[1]] - 8).abs() <= 1, "{picks:?}");
+    assert!((picks[&m[0]] - 16).abs() <= 1, "{picks:?}");
+    assert_healthy(&c);
+}
+
+async fn lease_expiry_returns_capacity(b: &Backend) {
+    let ttl = Duration::from_millis(400);
+    let (spec, _) = spec("expiry", 1, Strategy::LeastUsed, Some(1), ttl);
+    let c = b.clients(2, &spec).await;
+    // A gateway that dies holding its lease never releases it.
+    let lost = granted(c[0].acquire(&spec.name, ANY).await.unwrap());
+    let started = Instant::now();
+    assert_eq!(
+        c[1].acquire(&spec.name, ANY).await.unwrap(),
+        Acquired::AtCapacity
+    );
+    // Woken by the expiry itself, not by polling.
+    let signal = c[1].release_signal(&spec.name);
+    let mut got = None;
+    for _ in 0..10 {
+        let notified = signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        match c[1].acquire(&spec.name, ANY).await.unwrap() {
+            Acquired::Granted(g) => {
+                got = Some(g);
+                break;
+            }
+            Acquired::AtCapacity => {
+                let _ = tokio::time::timeout(Duration::from_secs(3), notified).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let g = got.expect("capacity came back");
+    let waited = started.elapsed();
+    assert!(
+        waited >= ttl - Duration::from_millis(100) && waited < ttl + Duration::from_millis(800),
+        "capacity back after {waited:?} (lease ttl {ttl:?})"
+    );
+    assert_eq!(g.upstream, lost.upstream);
+    // The lost lease's late release frees nothing twice.
+    release(&c[0], &spec.name, &lost).await;
+    assert_eq!(
+        c[0].acquire(&spec.name, ANY).await.unwrap(),
+        Acquired::AtCapacity
+    );
+    release(&c[1], &spec.name, &g).await;
+    assert_healthy(&c);
+}
+
+async fn extend_keeps_a_lease_alive(b: &Backend) {
+    let ttl = Duration::from_millis(400);
+    let (spec, _) = spec("extend", 1, Strategy::LeastUsed, Some(1), ttl);
+    let c = b.clients(1, &spec).await;
+    let s = &c[0];
+    let g = granted(s.acquire(&spec.name, ANY).await.unwrap());
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        s.extend(&spec.name, &g.upstream, g.lease).await.unwrap();
+    }
+    assert_eq!(
+        s.acquire(&spec.name, ANY).await.unwrap(),
+        Acquired::AtCapacity,
+        "an extended lease outlives its first deadline"
+    );
+    release(s, &spec.name, &g).await;
+    granted(s.acquire(&spec.name, ANY).await.unwrap());
+    assert_healthy(&c);
+}
+
+async fn locks_exclude_and_stale_tokens_cannot_act(b: &Backend) {
+    let (spec, _) = spec(
+        "lock",
+        1,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = b.clients(3, &spec).await;
+    let name = format!("probe-sweep-{:08x}", rand::random::<u32>());
+    let long = Duration::from_secs(30);
+    let (a, bb, cc) = tokio::join!(
+        c[0].lock(&name, long),
+        c[1].lock(&name, long),
+        c[2].lock(&name, long)
+    );
+    let tokens = [a.unwrap(), bb.unwrap(), cc.unwrap()];
+    let holders: Vec<usize> = (0..3).filter(|i| tokens[*i].is_some()).collect();
+    assert_eq!(holders.len(), 1, "exactly one holder");
+    let h = holders[0];
+    let t = tokens[h].clone().unwrap();
+    assert!(c[(h + 1) % 3].lock(&name, long).await.unwrap().is_none());
+    assert!(c[h].unlock(&name, &t).await.unwrap());
+    // Expiry: a holder that stops extending (it died) loses the lock.
+    let short = Duration::from_millis(300);
+    let stale = c[0].lock(&name, short).await.unwrap().expect("free again");
+    let started = Instant::now();
+    let mut fresh = None;
+    for _ in 0..60 {
+        if let Some(t) = c[1].lock(&name, long).await.unwrap() {
+            fresh = Some(t);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fresh = fresh.expect("the lock expired");
+    assert!(started.elapsed() < short + Duration::from_millis(600));
+    // The stale token can neither extend nor release the new holder's lock.
+    assert!(!c[0].extend_lock(&name, &stale, long).await.unwrap());
+    assert!(!c[0].unlock(&name, &stale).await.unwrap());
+    assert!(c[2].lock(&name, long).await.unwrap().is_none());
+    assert!(c[1].extend_lock(&name, &fresh, long).await.unwrap());
+    assert!(c[1].unlock(&name, &fresh).await.unwrap());
+    assert!(!c[1].unlock(&name, &fresh).await.unwrap(), "released once");
+    assert_healthy(&c);
+}
+
+async fn release_signal_woken_by_another_clients_release(b: &Backend) {
+    let (spec, _) = spec(
+        "wake",
+        1,
+        Strategy::LeastUsed,
+        Some(1),
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    let g = granted(c[0].acquire(&spec.name, ANY).await.unwrap());
+    let signal = c[1].release_signal(&spec.name);
+    let notified = signal.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    assert_eq!(
+        c[1].acquire(&spec.name, ANY).await.unwrap(),
+        Acquired::AtCapacity
+    );
+    let started = Instant::now();
+    release(&c[0], &spec.name, &g).await;
+    tokio::time::timeout(Duration::from_secs(2), notified)
+        .await
+        .expect("woken by the other client's release");
+    assert!(started.elapsed() < Duration::from_millis(500));
+    granted(c[1].acquire(&spec.name, ANY).await.unwrap());
+    assert_healthy(&c);
+}
+
+async fn member_changes_reach_other_instances(b: &Backend) {
+    let (spec, m) = spec(
+        "changes",
+        2,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    let mut theirs = c[1].subscribe_member_changes();
+    let mut mine = c[0].subscribe_member_changes();
+    let out = MemberState {
+        eligible: false,
+        keeps_sessions: true,
+        cost: 1,
+    };
+    let started = Instant::now();
+    c[0].set_member(&spec.name, &m[0], out).await.unwrap();
+    if b.is_redis() {
+        let change = tokio::time::timeout(Duration::from_secs(2), theirs.recv())
+            .await
+            .expect("delivered")
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(
+            change,
+            MemberChange {
+                pool: spec.name.clone(),
+                upstream: m[0].clone(),
+                state: out
+            }
+        );
+        eprintln!("member change delivered to the other instance in {took:?}");
+        assert!(took < Duration::from_millis(100), "took {took:?}");
+        // Applying the same setting again publishes nothing.
+        c[1].set_member(&spec.name, &m[0], out).await.unwrap();
+    }
+    // An instance does not hear its own decisions back.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), mine.recv())
+            .await
+            .is_err()
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), theirs.recv())
+            .await
+            .is_err()
+    );
+    assert_healthy(&c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The suite, per backend.
+
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        /// The embedded store.
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::Backend::Memory).await;
+                }
+            )*
+        }
+
+        /// One Redis server per case.
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let server = super::RedisServer::start().await;
+                    super::$case(&super::Backend::Redis(server.url())).await;
+                }
+            )*
+        }
+
+        /// Every case on one three-node cluster (each case uses its own pool, so its own slot).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_runs_every_case() {
+            common::init_tracing();
+            let cluster = RedisCluster::start().await;
+            let backend = Backend::Redis(cluster.url());
+            $(
+                eprintln!("cluster case: {}", stringify!($case));
+                $case(&backend).await;
+            )*
+        }
+    };
+}
+
+suite!(
+    least_used_balance,
+    cap_never_exceeded_under_concurrent_acquires,
+    exclusion_and_no_candidates,
+    strategies_rotate,
+    sessions_bind_once_and_slide,
+    session_unavailable_and_rebind,
+    set_member_eligibility_and_returning_score,
+    lease_expiry_returns_capacity,
+    extend_keeps_a_lease_alive,
+    locks_exclude_and_stale_tokens_cannot_act,
+    release_signal_woken_by_another_clients_release,
+    member_changes_reach_other_instances,
+);
