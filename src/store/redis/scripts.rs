@@ -119,6 +119,6 @@ mod tests {
         .iter()
         .map(|s| s.get_hash())
         .collect();
-        assert_eq!(hashes.len(), 9);
+        assert_eq!(hashes.len(), 10);
     }
 }
