@@ -24,8 +24,11 @@
 //!   and [`store::redis`] (shared by instances; one Lua script of `lua/` per decision).
 //! - [`upstream`]: upstream URLs and ids, [`upstream::connect`] (http/https/socks5/direct),
 //!   [`upstream::reuse`] (keep-alive), [`upstream::tls`].
-//! - [`health`]: outcomes of exchanges.
-//! - [`admin`]: `/status`, `/healthz`, and the `poolgate status` client.
+//! - [`health`]: [`health::classify`] (outcomes, captcha sniffing), [`health::state`] (the
+//!   per-upstream state machine), [`health::blame`] (per-target stats, incidents),
+//!   [`health::engine`] (per pool: guards and allocator changes).
+//! - [`admin`]: `/status`, `/metrics`, `/dashboard`, `/healthz`, `/readyz`, admin actions, and
+//!   the `poolgate status` client.
 //! - [`error`]: the one error type and its one error → response function.
 //!
 //! # Request flow
