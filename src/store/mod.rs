@@ -140,6 +140,24 @@ pub trait Store: Send + Sync + 'static {
         latency: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Counts an outcome in the statistics without touching any lease: the earlier exchanges of
+    /// an inspected tunnel (whose lease release counts the last one) and client feedback.
+    fn record(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The upstream a live session is bound to, without refreshing the binding (a lookup is not
+    /// a use).
+    fn session_upstream(
+        &self,
+        pool: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<UpstreamId>, StoreError>> + Send;
+
     /// Pushes a live lease's deadline out by the pool's lease TTL (long tunnels).
     fn extend(
         &self,
@@ -202,6 +220,28 @@ impl Store for AnyStore {
     ) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(s) => s.release(pool, upstream, lease, outcome, latency).await,
+        }
+    }
+
+    async fn record(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.record(pool, upstream, outcome, latency).await,
+        }
+    }
+
+    async fn session_upstream(
+        &self,
+        pool: &str,
+        key: &str,
+    ) -> Result<Option<UpstreamId>, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.session_upstream(pool, key).await,
         }
     }
 
