@@ -71,8 +71,22 @@ pub async fn handle(
     let resp = match sent {
         Ok(Ok(resp)) => resp,
         Ok(Err(e)) => {
-            lease.finish(crate::health::Outcome::Reset);
-            return Err(e);
+            // A reused connection that turned out closed is replaced by a fresh one; when that
+            // connect fails it is a connect failure, and for a session, its upstream's.
+            let outcome = match &e {
+                ProxyError::UpstreamConnect { source, .. } => source.outcome(),
+                _ => crate::health::Outcome::Reset,
+            };
+            lease.finish(outcome);
+            return Err(match (e, &route.session) {
+                (ProxyError::UpstreamConnect { upstream, source }, Some(_)) => {
+                    ProxyError::SessionUpstreamUnavailable {
+                        upstream,
+                        cause: Some(source),
+                    }
+                }
+                (e, _) => e,
+            });
         }
         Err(_) => {
             lease.finish(crate::health::Outcome::Timeout);
