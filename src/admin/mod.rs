@@ -1,4 +1,4 @@
-//! The admin listener: `/status` (JSON) and `/healthz`.
+//! The admin listener: `/status` (JSON), `/healthz`, and `POST /feedback` ([`crate::feedback`]).
 
 pub mod client;
 pub mod status;
@@ -28,6 +28,8 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
         },
         (_, "/healthz" | "/status") => text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n"),
+        (&Method::POST, "/feedback") => crate::feedback::handle(&gw, req).await,
+        (_, "/feedback") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /status or /healthz\n",
