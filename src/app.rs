@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, StoreConfig};
 use crate::health::classify::CaptchaRules;
+use crate::intercept::{InterceptSetupError, Interceptor};
 use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::memory::MemoryStore;
@@ -49,6 +50,8 @@ pub enum StartError {
     Tls(#[from] TlsSetupError),
     #[error("store: {0}")]
     Store(String),
+    #[error(transparent)]
+    Intercept(#[from] InterceptSetupError),
 }
 
 /// A started gateway.
@@ -91,6 +94,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         tls::client_config(&config.upstream_tls)?,
         server.connect_timeout,
     );
+    let intercept = Arc::new(Interceptor::from_config(config.intercept.as_ref())?);
     let proxy_listener = bind("server.listen", server.listen).await?;
     let admin_listener = bind("server.admin_listen", server.admin_listen).await?;
     let proxy_addr = local_addr("server.listen", &proxy_listener)?;
@@ -106,6 +110,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         health,
         captcha: CaptchaRules::new(&config.captcha),
         connector,
+        intercept,
         tasks: TaskTracker::new(),
         shutdown: CancellationToken::new(),
         started: std::time::Instant::now(),

@@ -13,19 +13,24 @@
 //! - [`session`]: session key, pool and lifetime from headers and proxy usernames.
 //! - [`proxy`]: the request path: [`proxy::forward`] (absolute-form), [`proxy::tunnel`]
 //!   (CONNECT), [`proxy::headers`] (hygiene), [`proxy::observe`] (lease held while the body
-//!   streams).
+//!   streams), [`proxy::pipe`] (the tunnel copy that knows who closed and who sent what).
 //! - [`pool`]: pools, [`pool::select`] (which upstream), [`pool::rendezvous`] (sticky placement),
 //!   [`pool::lease`].
 //! - [`store`]: the [`store::Store`] interface and its backends.
 //! - [`upstream`]: upstream URLs and ids, [`upstream::connect`] (http/https/socks5/direct),
 //!   [`upstream::reuse`] (keep-alive), [`upstream::tls`].
 //! - [`health`]: outcomes of exchanges.
-//! - [`admin`]: `/status`, `/healthz`, and the `poolgate status` client.
+//! - [`intercept`]: opt-in TLS interception on CONNECT: [`intercept::ca`] (the CA),
+//!   [`intercept::certs`] (leaf certificates, LRU), [`intercept::relay`] (HTTP/1.1 relayed and
+//!   classified inside the tunnel).
+//! - [`feedback`]: `POST /feedback`, outcomes reported by clients of opaque tunnels.
+//! - [`admin`]: `/status`, `/healthz`, `/feedback`, and the `poolgate status` client.
 //! - [`error`]: the one error type and its one error → response function.
 //!
 //! # Request flow
 //! `server → proxy::handle → admit → session → pool::select → store::acquire →
-//! upstream::connect → proxy::{forward | tunnel} → health::classify → store::release`
+//! upstream::connect → proxy::{forward | tunnel [→ intercept::relay]} → health::classify →
+//! store::release`
 
 #![forbid(unsafe_code)]
 
@@ -34,7 +39,9 @@ pub mod admit;
 pub mod app;
 pub mod config;
 pub mod error;
+pub mod feedback;
 pub mod health;
+pub mod intercept;
 pub mod pool;
 pub mod proxy;
 pub mod server;

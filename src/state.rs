@@ -9,6 +9,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::health;
 use crate::health::classify::CaptchaRules;
+use crate::intercept::Interceptor;
 use crate::pool::PoolSet;
 use crate::store::AnyStore;
 use crate::upstream::connect::Connector;
@@ -24,6 +25,8 @@ pub struct Gateway {
     /// Captcha and block detection for responses.
     pub captcha: CaptchaRules,
     pub connector: Connector,
+    /// TLS interception for pools with `inspect_tls`: leaf certificates, origin TLS, counters.
+    pub intercept: Arc<Interceptor>,
     /// Keep-alive connections to upstreams, reused across requests.
     pub conns: Arc<ConnPool>,
     /// Tunnels and lease releases outlive their hyper connection; shutdown waits for them here.

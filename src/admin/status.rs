@@ -14,6 +14,8 @@ pub struct Status {
     pub uptime_s: u64,
     pub store: StoreStatus,
     pub pools: Vec<PoolView>,
+    /// TLS interception counters (README "Admin endpoint").
+    pub intercept: crate::intercept::InterceptStatus,
 }
 
 #[derive(Serialize)]
@@ -125,5 +127,6 @@ pub async fn collect(gw: &Gateway) -> Status {
             health: if store_ok { "ok" } else { "degraded" },
         },
         pools: views,
+        intercept: gw.intercept.status(),
     }
 }

@@ -214,11 +214,10 @@ impl Ca {
         key_pem: &str,
         key_path: &Path,
     ) -> Result<Ca, CaError> {
-        let cert_der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|_| {
-            CaError::NoCert {
+        let cert_der =
+            CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|_| CaError::NoCert {
                 path: cert_path.to_path_buf(),
-            }
-        })?;
+            })?;
         let params =
             CertificateParams::from_ca_cert_der(&cert_der).map_err(|_| CaError::BadCert {
                 path: cert_path.to_path_buf(),
@@ -236,7 +235,8 @@ impl Ca {
         let bad_key = || CaError::BadKey {
             path: key_path.to_path_buf(),
         };
-        let key_der = PrivatePkcs8KeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|_| bad_key())?;
+        let key_der =
+            PrivatePkcs8KeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|_| bad_key())?;
         let key = KeyPair::try_from(&key_der).map_err(|_| bad_key())?;
         check_pair(&cert_der, key_der, key_path)?;
         // rcgen signs as an issuer certificate object: re-issue the CA's own parameters (name,
@@ -377,13 +377,7 @@ mod tests {
         .unwrap();
         let name = rustls::pki_types::ServerName::try_from("shop.example").unwrap();
         verifier
-            .verify_server_cert(
-                &leaf,
-                &[],
-                &name,
-                &[],
-                rustls::pki_types::UnixTime::now(),
-            )
+            .verify_server_cert(&leaf, &[], &name, &[], rustls::pki_types::UnixTime::now())
             .unwrap();
         let ip = ca.sign_leaf("127.0.0.1", &leaf_key).unwrap();
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();

@@ -20,7 +20,8 @@ use rustls::sign::{CertifiedKey, SigningKey, SingleCertAndKey};
 use super::ca::{Ca, LEAF_VALIDITY_DAYS};
 
 /// Cached leaves are replaced after this long (they are valid for [`LEAF_VALIDITY_DAYS`]).
-pub const LEAF_REFRESH_AFTER: Duration = Duration::from_secs(LEAF_VALIDITY_DAYS as u64 * 86_400 / 2);
+pub const LEAF_REFRESH_AFTER: Duration =
+    Duration::from_secs(LEAF_VALIDITY_DAYS as u64 * 86_400 / 2);
 
 /// One minted leaf: the certificate and the server config that presents it.
 pub struct Leaf {

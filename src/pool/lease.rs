@@ -148,8 +148,12 @@ impl Lease {
             .take();
         // Health already heard a recorded exchange; the release only counts it in the store.
         let observed = last.is_some();
-        let (outcome, latency) =
-            last.unwrap_or_else(|| (outcome, h.latency.unwrap_or_else(|| h.acquired_at.elapsed())));
+        let (outcome, latency) = last.unwrap_or_else(|| {
+            (
+                outcome,
+                h.latency.unwrap_or_else(|| h.acquired_at.elapsed()),
+            )
+        });
         h.tasks.spawn(async move {
             if let Err(e) = h
                 .store

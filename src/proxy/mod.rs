@@ -7,6 +7,7 @@
 pub mod forward;
 pub mod headers;
 pub mod observe;
+pub mod pipe;
 pub mod tunnel;
 
 use std::future::Future;

@@ -98,6 +98,8 @@ where
             }
             end = &mut to_client, if !down_done => {
                 down_done = true;
+                // The upstream side ended: whatever it did, it did not stay silent.
+                watching = false;
                 let failed = matches!(end, End::Error(..));
                 let side = match &end { End::Error(side, _) => *side, End::Eof => Side::Upstream };
                 first_end.get_or_insert((side, end, start.elapsed()));

@@ -716,12 +716,19 @@ mod tests {
             rebind: false,
         };
         granted(s.acquire("p", want).await.unwrap());
-        assert_eq!(s.session_upstream("p", "k").await.unwrap(), Some(m[1].clone()));
+        assert_eq!(
+            s.session_upstream("p", "k").await.unwrap(),
+            Some(m[1].clone())
+        );
         assert_eq!(s.session_upstream("p", "nope").await.unwrap(), None);
         tokio::time::advance(Duration::from_secs(59)).await;
         s.session_upstream("p", "k").await.unwrap();
         tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(s.session_upstream("p", "k").await.unwrap(), None, "lookups do not slide");
+        assert_eq!(
+            s.session_upstream("p", "k").await.unwrap(),
+            None,
+            "lookups do not slide"
+        );
 
         s.record("p", &m[0], Outcome::Captcha, Duration::from_millis(10))
             .await
