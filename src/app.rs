@@ -17,6 +17,7 @@ use crate::admit::TargetPolicy;
 use crate::auth::Authenticator;
 use crate::config::{Config, StoreConfig};
 use crate::health::classify::CaptchaRules;
+use crate::intercept::{InterceptSetupError, Interceptor};
 use crate::limits::ClientConns;
 use crate::pool::PoolSet;
 use crate::state::Gateway;
@@ -70,6 +71,8 @@ pub enum StartError {
     Tls(#[from] TlsSetupError),
     #[error("store: {0}")]
     Store(String),
+    #[error(transparent)]
+    Intercept(#[from] InterceptSetupError),
 }
 
 /// A started gateway.
@@ -121,6 +124,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             .map_err(|e| StartError::Store(e.to_string()))?;
     }
     let server = &config.server;
+    let intercept = Arc::new(Interceptor::from_config(config.intercept.as_ref())?);
     let proxy_listener = bind("server.listen", server.listen).await?;
     let admin_listener = bind("server.admin_listen", server.admin_listen).await?;
     let proxy_addr = local_addr("server.listen", &proxy_listener)?;
@@ -152,6 +156,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         captcha: CaptchaRules::new(&config.captcha),
         metrics: Arc::new(Metrics::new()),
         connector,
+        intercept,
         tasks: TaskTracker::new(),
         shutdown: CancellationToken::new(),
         started: std::time::Instant::now(),

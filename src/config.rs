@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::intercept::{self, HostPattern, InterceptConfig};
 use crate::upstream::Upstream;
 
 pub const DEFAULT_PROXY_LISTEN: &str = "127.0.0.1:8080";
@@ -71,10 +72,20 @@ struct FileConfig {
     upstream_tls: FileUpstreamTls,
     #[serde(default)]
     captcha: FileCaptcha,
+    intercept: Option<FileIntercept>,
     #[serde(default)]
     auth: FileAuth,
     #[serde(default)]
     pools: BTreeMap<String, FilePool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileIntercept {
+    ca_cert: Option<PathBuf>,
+    ca_key: Option<PathBuf>,
+    cert_cache_size: Option<usize>,
+    origin_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -185,6 +196,8 @@ struct FilePool {
     lease_ttl: Option<String>,
     retries: Option<u32>,
     rebind_on_failure: Option<bool>,
+    inspect_tls: Option<bool>,
+    inspect_exclude: Option<Vec<String>>,
     #[serde(default)]
     health: FileHealth,
 }
@@ -202,6 +215,8 @@ pub struct Config {
     pub captcha: CaptchaConfig,
     /// Who may use the proxy.
     pub auth: AuthConfig,
+    /// TLS interception (`[intercept]`); `None` when the table is absent.
+    pub intercept: Option<InterceptConfig>,
     /// Pools by name; never empty.
     pub pools: BTreeMap<String, PoolConfig>,
     /// The pool used when a request names none.
@@ -506,6 +521,10 @@ pub struct PoolConfig {
     pub retries: u32,
     /// Whether a session whose upstream is unavailable moves to another one instead of failing.
     pub rebind_on_failure: bool,
+    /// Terminate clients' TLS on CONNECT and inspect the HTTP inside (needs `[intercept]`).
+    pub inspect_tls: bool,
+    /// Hosts never inspected, matched against the SNI name and the CONNECT host.
+    pub inspect_exclude: Vec<HostPattern>,
     pub health: HealthConfig,
 }
 
@@ -651,6 +670,7 @@ impl Validator {
         let policy = self.policy(&f.policy);
         let captcha = self.captcha(f.captcha);
         let auth = self.auth(&f.auth);
+        let intercept = f.intercept.map(|i| self.intercept(i));
         let upstream_tls = UpstreamTlsConfig {
             ca_file: f.upstream_tls.ca_file.as_deref().map(|p| self.path(p)),
             system_roots: f.upstream_tls.system_roots.unwrap_or(true),
@@ -691,6 +711,14 @@ impl Validator {
                 DEFAULT_POOL.to_string()
             }
         };
+        for (name, p) in &pools {
+            if p.inspect_tls && intercept.is_none() {
+                self.problem(
+                    &format!("pools.{name}.inspect_tls"),
+                    "needs an interception CA: add [intercept] with ca_cert and ca_key (`poolgate ca init` makes them)",
+                );
+            }
+        }
         if !server.admin_listen.ip().is_loopback() && server.admin_token.is_none() {
             self.problem(
                 "server.admin_token",
@@ -717,8 +745,57 @@ impl Validator {
             upstream_tls,
             captcha,
             auth,
+            intercept: intercept.flatten(),
             pools,
             default_pool,
+        })
+    }
+
+    /// `[intercept]`: both CA files readable, parsable and matching; `None` when unusable.
+    fn intercept(&mut self, f: FileIntercept) -> Option<InterceptConfig> {
+        let cert = f.ca_cert.as_deref().map(|p| self.path(p));
+        let key = f.ca_key.as_deref().map(|p| self.path(p));
+        if cert.is_none() {
+            self.problem(
+                "intercept.ca_cert",
+                "required (`poolgate ca init` writes one)",
+            );
+        }
+        if key.is_none() {
+            self.problem(
+                "intercept.ca_key",
+                "required (`poolgate ca init` writes one)",
+            );
+        }
+        let size = f
+            .cert_cache_size
+            .unwrap_or(intercept::DEFAULT_CERT_CACHE_SIZE);
+        let cert_cache_size = std::num::NonZeroUsize::new(size);
+        if cert_cache_size.is_none() {
+            self.problem("intercept.cert_cache_size", "must be greater than zero");
+        }
+        let origin_ca_file = f.origin_ca_file.as_deref().map(|p| self.path(p));
+        if let Some(p) = &origin_ca_file {
+            if !p.is_file() {
+                self.problem(
+                    "intercept.origin_ca_file",
+                    format!("no such file: {}", p.display()),
+                );
+            }
+        }
+        let (ca_cert, ca_key) = (cert?, key?);
+        if let Err(e) = intercept::ca::Ca::load(&ca_cert, &ca_key) {
+            let key = match e.file() {
+                intercept::ca::CaFile::Cert => "intercept.ca_cert",
+                intercept::ca::CaFile::Key => "intercept.ca_key",
+            };
+            self.problem(key, e);
+        }
+        Some(InterceptConfig {
+            ca_cert,
+            ca_key,
+            cert_cache_size: cert_cache_size?,
+            origin_ca_file,
         })
     }
 
@@ -1070,6 +1147,19 @@ impl Validator {
         if lease_ttl < Duration::from_millis(MIN_LEASE_TTL_MS) {
             self.problem(&key("lease_ttl"), "must be at least 1s");
         }
+        let inspect_exclude = p
+            .inspect_exclude
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(i, pattern)| match HostPattern::parse(pattern) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    self.problem(&format!("pools.{name}.inspect_exclude[{i}]"), e);
+                    None
+                }
+            })
+            .collect();
         let retries = p.retries.unwrap_or(DEFAULT_RETRIES);
         if retries > MAX_RETRIES {
             self.problem(&key("retries"), format!("must be at most {MAX_RETRIES}"));
@@ -1088,6 +1178,8 @@ impl Validator {
             lease_ttl,
             retries,
             rebind_on_failure: p.rebind_on_failure.unwrap_or(false),
+            inspect_tls: p.inspect_tls.unwrap_or(false),
+            inspect_exclude,
             health: self.health(&format!("pools.{name}.health"), p.health),
         })
     }

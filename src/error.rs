@@ -10,6 +10,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use thiserror::Error;
 
+use crate::intercept::relay::OriginTlsFault;
 use crate::proxy::Body;
 use crate::session::SessionError;
 use crate::store::StoreError;
@@ -85,6 +86,14 @@ pub enum ProxyError {
     UpstreamBadResponse {
         upstream: UpstreamId,
         reason: &'static str,
+    },
+    /// TLS with the origin, through the upstream, failed (inspected tunnels only).
+    #[error("TLS with the origin {target} through upstream {upstream} failed: {detail}")]
+    OriginTls {
+        upstream: UpstreamId,
+        target: String,
+        fault: OriginTlsFault,
+        detail: String,
     },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -180,6 +189,16 @@ impl ProxyError {
                 "upstream-bad-response",
                 "http_protocol_error",
             ),
+            OriginTls { fault, .. } if *fault == OriginTlsFault::Timeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                fault.proxy_status(),
+            ),
+            OriginTls { fault, .. } => (
+                StatusCode::BAD_GATEWAY,
+                "origin-tls-failed",
+                fault.proxy_status(),
+            ),
             Store(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
@@ -231,7 +250,8 @@ impl ProxyError {
             | ProxyError::UpstreamConnect { upstream, .. }
             | ProxyError::UpstreamTimeout { upstream }
             | ProxyError::UpstreamProtocol { upstream, .. }
-            | ProxyError::UpstreamBadResponse { upstream, .. } => {
+            | ProxyError::UpstreamBadResponse { upstream, .. }
+            | ProxyError::OriginTls { upstream, .. } => {
                 if let Ok(v) = HeaderValue::from_str(upstream.as_str()) {
                     h.insert("x-pool-upstream", v);
                 }

@@ -17,7 +17,8 @@
 //! - [`session`]: session key, pool and lifetime from headers and proxy usernames.
 //! - [`proxy`]: the request path: [`proxy::forward`] (absolute-form), [`proxy::tunnel`]
 //!   (CONNECT), [`proxy::framing`] (what is refused so nothing is framed two ways),
-//!   [`proxy::headers`] (hygiene), [`proxy::observe`] (lease held while the body streams).
+//!   [`proxy::headers`] (hygiene), [`proxy::observe`] (lease held while the body streams),
+//!   [`proxy::pipe`] (the tunnel copy that knows who closed and who sent what).
 //! - [`pool`]: pools, [`pool::select`] (which upstream), [`pool::rendezvous`] (sticky placement),
 //!   [`pool::lease`].
 //! - [`store`]: the [`store::Store`] interface and its backends: [`store::memory`] (embedded)
@@ -29,12 +30,16 @@
 //!   [`health::engine`] (per pool: guards and allocator changes).
 //! - [`admin`]: `/status`, `/metrics`, `/dashboard`, `/healthz`, `/readyz`, admin actions, and
 //!   the `poolgate status` client.
+//! - [`intercept`]: opt-in TLS interception on CONNECT: [`intercept::ca`] (the CA),
+//!   [`intercept::certs`] (leaf certificates, LRU), [`intercept::relay`] (HTTP/1.1 relayed and
+//!   classified inside the tunnel).
+//! - [`feedback`]: `POST /feedback`, outcomes reported by clients of opaque tunnels.
 //! - [`error`]: the one error type and its one error → response function.
 //!
 //! # Request flow
 //! `server (limits) → proxy::handle (framing) → admit (client) → session → auth → admit
 //! (target) → pool::select → store::acquire → upstream::connect (resolved-address policy) →
-//! proxy::{forward | tunnel} → health::classify → store::release`
+//! proxy::{forward | tunnel [→ intercept::relay]} → health::classify → store::release`
 
 #![forbid(unsafe_code)]
 
@@ -45,7 +50,9 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod feedback;
 pub mod health;
+pub mod intercept;
 pub mod limits;
 pub mod pool;
 pub mod proxy;

@@ -45,6 +45,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The TLS interception CA.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaCommand {
+    /// Write a new CA certificate and key (the key readable by its owner only).
+    Init {
+        /// Where to write the CA certificate (PEM): give it to clients to trust.
+        #[arg(long, default_value = "poolgate-ca.pem")]
+        cert: PathBuf,
+        /// Where to write the CA key (PEM, PKCS#8): secret, read by the gateway only.
+        #[arg(long, default_value = "poolgate-ca-key.pem")]
+        key: PathBuf,
+        /// Common name of the CA, as clients show it.
+        #[arg(long, default_value = poolgate::intercept::ca::DEFAULT_CA_COMMON_NAME)]
+        name: String,
+        /// Overwrite existing files.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -111,6 +135,31 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Ca {
+            command:
+                CaCommand::Init {
+                    cert,
+                    key,
+                    name,
+                    force,
+                },
+        } => match poolgate::intercept::ca::write_new(&cert, &key, &name, force) {
+            Ok(()) => {
+                println!(
+                    "wrote CA certificate {} and key {} (keep the key secret)\n\
+                     next: make clients trust {}, then set [intercept] ca_cert and ca_key, and \
+                     inspect_tls = true on a pool",
+                    cert.display(),
+                    key.display(),
+                    cert.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("poolgate ca init: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Status { admin, json } => {
             let addr = match admin {
                 Some(a) => a,

@@ -13,6 +13,7 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::health;
 use crate::health::classify::CaptchaRules;
+use crate::intercept::Interceptor;
 use crate::limits::ClientConns;
 use crate::pool::PoolSet;
 use crate::store::AnyStore;
@@ -49,6 +50,8 @@ pub struct Gateway {
     pub captcha: CaptchaRules,
     pub metrics: Arc<Metrics>,
     pub connector: Connector,
+    /// TLS interception for pools with `inspect_tls`: leaf certificates, origin TLS, counters.
+    pub intercept: Arc<Interceptor>,
     /// Keep-alive connections to upstreams, reused across requests.
     pub conns: Arc<ConnPool>,
     /// Tunnels and lease releases outlive their hyper connection; shutdown waits for them here.

@@ -1,5 +1,6 @@
 //! The admin listener: `/status` (JSON), `/metrics` (Prometheus), `/dashboard`, `/healthz`,
-//! `/readyz`, `POST /admin/reload` and the other token-protected admin actions under `/admin/`.
+//! `/readyz`, `POST /feedback` ([`crate::feedback`]), `POST /admin/reload` and the other
+//! token-protected admin actions under `/admin/`.
 
 pub mod actions;
 pub mod client;
@@ -69,6 +70,8 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
         (_, "/admin/upstream" | "/admin/session") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n")
         }
+        (&Method::POST, "/feedback") => crate::feedback::handle(&gw, req).await,
+        (_, "/feedback") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /dashboard, /status, /metrics, /healthz or /readyz\n",

@@ -17,6 +17,8 @@ pub struct Status {
     /// Requests, tunnels, connections and config generation (see `crate::accounting`).
     #[serde(flatten)]
     pub traffic: crate::accounting::TrafficView,
+    /// TLS interception counters (README "Admin endpoint").
+    pub intercept: crate::intercept::InterceptStatus,
 }
 
 #[derive(Serialize)]
@@ -133,5 +135,6 @@ pub async fn collect(gw: &Gateway) -> Status {
         },
         pools: views,
         traffic: crate::accounting::TrafficView::collect(gw).await,
+        intercept: gw.intercept.status(),
     }
 }

@@ -4,8 +4,13 @@
 //! mid-response) is released as `cancelled`. Release runs on the task tracker, off the response
 //! path, and shutdown waits for it. The outcome goes to the store and to the pool's health engine,
 //! whose decisions are applied to the store in the same task.
+//!
+//! A lease may also carry several exchanges: an inspected tunnel holds one lease (it is one
+//! connection through the upstream) and relays many requests. Each of them is recorded with
+//! [`Lease::record`] (or through an [`Exchange`]): health hears every one at once, the store's
+//! statistics count every one, and the lease's own release then adds nothing of its own.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -33,6 +38,9 @@ struct Held {
     acquired_at: Instant,
     /// Time to the response head (or to the tunnel's establishment); set once.
     latency: Option<Duration>,
+    /// The last exchange recorded with [`Lease::record`]: the store counts it with the release,
+    /// which then stands for it (earlier ones were counted as they came).
+    last_exchange: Mutex<Option<(Outcome, Duration)>>,
 }
 
 impl Lease {
@@ -54,6 +62,7 @@ impl Lease {
                 target_host,
                 acquired_at: Instant::now(),
                 latency: None,
+                last_exchange: Mutex::new(None),
             }),
         }
     }
@@ -96,9 +105,37 @@ impl Lease {
         }
     }
 
-    /// Ends the lease with the exchange's outcome.
+    /// Ends the lease with the exchange's outcome. On a lease that carried recorded exchanges,
+    /// the release counts the last of them instead and `outcome` is not used.
     pub fn finish(mut self, outcome: Outcome) {
         self.release(outcome);
+    }
+
+    /// Records one of several exchanges carried by this lease (a request relayed in an inspected
+    /// tunnel): health observes it now, the store counts it now or, for the last one, at release.
+    pub fn record(&self, outcome: Outcome, latency: Duration) {
+        let Some(h) = self.held() else { return };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let previous = h
+            .last_exchange
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace((outcome, latency));
+        let store = h.store.clone();
+        let pool = h.pool.clone();
+        let upstream = h.grant.upstream.clone();
+        let target = h.target_host.clone();
+        h.tasks.spawn(async move {
+            if let Some((o, l)) = previous {
+                if let Err(e) = store.record(pool.name(), &upstream, o, l).await {
+                    tracing::warn!(upstream = %upstream, error = %e, "recording an outcome failed");
+                }
+            }
+            let changes = pool.health.observe(&upstream, &target, outcome, latency);
+            health::apply(&*store, pool.name(), changes).await;
+        });
     }
 
     fn release(&mut self, outcome: Outcome) {
@@ -107,7 +144,19 @@ impl Lease {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let latency = h.latency.unwrap_or_else(|| h.acquired_at.elapsed());
+        let last = h
+            .last_exchange
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        // Health already heard a recorded exchange; the release only counts it in the store.
+        let observed = last.is_some();
+        let (outcome, latency) = last.unwrap_or_else(|| {
+            (
+                outcome,
+                h.latency.unwrap_or_else(|| h.acquired_at.elapsed()),
+            )
+        });
         h.metrics.record(
             h.pool.name(),
             h.grant.upstream.as_str(),
@@ -128,12 +177,46 @@ impl Lease {
             {
                 tracing::warn!(upstream = %h.grant.upstream, error = %e, "lease release failed");
             }
-            let changes =
-                h.pool
-                    .health
-                    .observe(&h.grant.upstream, &h.target_host, outcome, latency);
-            health::apply(&*h.store, h.pool.name(), changes).await;
+            if !observed {
+                let changes =
+                    h.pool
+                        .health
+                        .observe(&h.grant.upstream, &h.target_host, outcome, latency);
+                health::apply(&*h.store, h.pool.name(), changes).await;
+            }
         });
+    }
+}
+
+/// One exchange on a lease shared by several: records its outcome exactly once, `cancelled`
+/// when dropped unfinished (the client went away mid-response).
+pub struct Exchange {
+    lease: Arc<Lease>,
+    latency: Duration,
+    done: bool,
+}
+
+impl Exchange {
+    /// `latency`: time to the response head.
+    pub fn new(lease: Arc<Lease>, latency: Duration) -> Self {
+        Exchange {
+            lease,
+            latency,
+            done: false,
+        }
+    }
+
+    pub fn finish(mut self, outcome: Outcome) {
+        self.done = true;
+        self.lease.record(outcome, self.latency);
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        if !self.done {
+            self.lease.record(Outcome::Cancelled, self.latency);
+        }
     }
 }
 

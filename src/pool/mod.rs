@@ -13,7 +13,7 @@ use crate::health::{self, PoolHealth};
 use crate::store::PoolSpec;
 use crate::upstream::{Upstream, UpstreamId};
 
-pub use lease::Lease;
+pub use lease::{Exchange, Lease};
 pub use rendezvous::Rendezvous;
 
 /// One pool as configured, with what the hot path needs precomputed.

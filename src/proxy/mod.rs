@@ -8,6 +8,7 @@ pub mod forward;
 pub mod framing;
 pub mod headers;
 pub mod observe;
+pub mod pipe;
 pub mod tunnel;
 
 use std::future::Future;

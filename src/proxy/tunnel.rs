@@ -2,11 +2,18 @@
 //!
 //! The upstream leg is opened first, so a failure is answered with a proper 502 rather than a 200
 //! followed by a closed socket. Then, in hyper's order: answer 200 with an empty body, take the
-//! upgraded connection in a tracked task (hyper no longer tracks it), and copy both ways until
-//! either side closes. The lease is held, and renewed, for the tunnel's whole life.
+//! upgraded connection in a tracked task (hyper no longer tracks it), and either hand it to
+//! [`crate::intercept`] (pools with `inspect_tls`) or copy both ways until the tunnel ends. The
+//! lease is held, and renewed, for the tunnel's whole life.
+//!
+//! An opaque tunnel is judged by its bytes alone ([`judge`]): the upstream closing it at once
+//! with (next to) nothing sent, or a TLS handshake that gets no answer at all within
+//! `connect_timeout`, counts against the upstream; everything else is `ok` or, when the client
+//! broke off, `cancelled`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
@@ -15,12 +22,20 @@ use hyper_util::rt::TokioIo;
 
 use crate::error::ProxyError;
 use crate::health::Outcome;
+use crate::intercept::{self, relay::Opening};
 use crate::limits::{self, Activity, Tracked};
 use crate::pool::Lease;
+use crate::proxy::pipe::{self, End, Side};
 use crate::proxy::{self, Body, headers};
 use crate::state::Gateway;
 use crate::target::Target;
-use crate::upstream::connect::BoxIo;
+use crate::upstream::connect::{BoxIo, Io};
+
+/// An upstream that ends a tunnel this soon after it was established...
+pub const EARLY_CLOSE_WITHIN: Duration = Duration::from_secs(2);
+/// ...having sent fewer bytes than this (not even a TLS record header: nothing an origin could
+/// have said, such as a TLS alert, got through) failed the tunnel.
+pub const EARLY_CLOSE_MAX_BYTES: u64 = 5;
 
 pub async fn handle(
     gw: &Arc<Gateway>,
@@ -40,63 +55,172 @@ pub async fn handle(
 
     let mut resp = Response::new(Empty::new().map_err(|never| match never {}).boxed());
     *resp.status_mut() = StatusCode::OK;
+    let session = route.session.as_ref().map(|s| s.key.as_str().to_string());
     if let Some(up) = lease.upstream() {
-        let session = route.session.as_ref().map(|s| s.key.as_str());
-        headers::annotate_response(resp.headers_mut(), up.id.as_str(), session);
+        headers::annotate_response(resp.headers_mut(), up.id.as_str(), session.as_deref());
+    }
+    let pool = &route.pool.config;
+    let inspect = pool.inspect_tls
+        && gw.intercept.enabled()
+        && !intercept::excluded(&pool.inspect_exclude, &target.host);
+    if pool.inspect_tls && !inspect {
+        intercept::InterceptStats::bump(&gw.intercept.stats.tunnels_excluded);
     }
 
-    let relay_gw = gw.clone();
-    gw.tasks.spawn(async move {
-        match hyper::upgrade::on(req).await {
-            Ok(upgraded) => relay(&relay_gw, TokioIo::new(upgraded), io, lease).await,
+    let gw = gw.clone();
+    let exclude = pool.inspect_exclude.clone();
+    gw.tasks.clone().spawn(async move {
+        let client = match hyper::upgrade::on(req).await {
+            Ok(upgraded) => TokioIo::new(upgraded),
             Err(e) => {
                 tracing::debug!(error = %e, "client upgrade failed");
                 lease.finish(Outcome::Cancelled);
+                return;
             }
+        };
+        if !inspect {
+            return relay(&gw, client, io, lease).await;
+        }
+        match intercept::relay::open(&gw, client, &target, &exclude).await {
+            Opening::Inspect(hello) => {
+                intercept::relay::serve(gw, hello, io, lease, target, session).await
+            }
+            Opening::PassThrough(client) => relay(&gw, client, io, lease).await,
+            Opening::Gone => lease.finish(Outcome::Cancelled),
         }
     });
     Ok(resp)
 }
 
-/// Copies bytes both ways until one side closes, renewing the lease while the tunnel lives. A
-/// tunnel with no bytes moving for `tunnel_idle_timeout` is closed, and so is every tunnel still
-/// open when the shutdown grace has run out.
-async fn relay(
-    gw: &Gateway,
-    client: TokioIo<hyper::upgrade::Upgraded>,
-    upstream: BoxIo,
-    lease: Lease,
-) {
+/// Copies bytes both ways until the tunnel ends, renewing the lease while it lives, and records
+/// the tunnel's outcome as [`judge`] sees it. A tunnel with no bytes moving for
+/// `tunnel_idle_timeout` is closed, and so is every tunnel still open when the shutdown grace has
+/// run out.
+pub async fn relay(gw: &Gateway, client: impl Io, upstream: BoxIo, lease: Lease) {
     let _open = gw.counters.tunnel();
     let idle_timeout = gw.live.load().server.tunnel_idle_timeout;
     let activity = Activity::new();
-    let mut client = Tracked::new(client, activity.clone());
-    let mut upstream = Tracked::new(upstream, activity.clone());
+    let client = Tracked::new(client, activity.clone());
+    let upstream = Tracked::new(upstream, activity.clone());
     let renew_every = lease.ttl() / 2;
-    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    let copy = pipe::copy(client, upstream, Some(gw.config.server.connect_timeout));
     tokio::pin!(copy);
     let mut renew = tokio::time::interval(renew_every);
     renew.tick().await;
-    let outcome = loop {
+    let report = loop {
         tokio::select! {
             _ = limits::idle(&activity, idle_timeout) => {
                 tracing::debug!("closing idle tunnel");
-                break Outcome::Ok;
+                lease.finish(Outcome::Ok);
+                return;
             }
             _ = gw.tunnels_stop.cancelled() => {
                 tracing::debug!("closing tunnel: shutdown grace expired");
-                break Outcome::Cancelled;
+                lease.finish(Outcome::Cancelled);
+                return;
             }
-            r = &mut copy => break match r {
-                Ok(_) => Outcome::Ok,
-                // Which side broke off is unknown here, so the upstream is not blamed.
-                Err(e) => {
-                    tracing::debug!(error = %e, "tunnel ended with an error");
-                    Outcome::Cancelled
-                }
-            },
+            r = &mut copy => break r,
             _ = renew.tick() => lease.extend().await,
         }
     };
+    let outcome = judge(&report);
+    if outcome != Outcome::Ok {
+        tracing::debug!(
+            upstream = %lease.grant().map_or("?", |g| g.upstream.as_str()),
+            outcome = outcome.as_str(),
+            client_bytes = report.client_bytes,
+            upstream_bytes = report.upstream_bytes,
+            duration_ms = report.duration.as_millis() as u64,
+            "tunnel judged"
+        );
+    }
     lease.finish(outcome);
+}
+
+/// The outcome of an opaque tunnel, from its bytes and who ended it.
+pub fn judge(r: &pipe::Report) -> Outcome {
+    match &r.first_end {
+        Some((Side::Upstream, _, after))
+            if *after <= EARLY_CLOSE_WITHIN && r.upstream_bytes < EARLY_CLOSE_MAX_BYTES =>
+        {
+            Outcome::Reset
+        }
+        // The client's TLS handshake got no answer at all within connect_timeout.
+        _ if r.no_reply => Outcome::Timeout,
+        // The client left before anything came back: it went away, nobody is to blame.
+        Some((Side::Client, End::Eof, _)) if r.upstream_bytes == 0 => Outcome::Cancelled,
+        // Which side broke the exchange is not always the side at fault: an error mid-stream is
+        // not blamed on the upstream.
+        Some((_, End::Error(..), _)) => Outcome::Cancelled,
+        _ => Outcome::Ok,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::pipe::Report;
+
+    fn report(first_end: Option<(Side, End, Duration)>, up: u64, no_reply: bool) -> Report {
+        Report {
+            client_bytes: 300,
+            upstream_bytes: up,
+            first_end,
+            no_reply,
+            duration: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn judges_early_closes_and_silent_handshakes_against_the_upstream() {
+        let ms = Duration::from_millis;
+        let eof = |side, after| Some((side, End::Eof, after));
+        assert_eq!(
+            judge(&report(eof(Side::Upstream, ms(50)), 0, false)),
+            Outcome::Reset
+        );
+        assert_eq!(
+            judge(&report(
+                Some((
+                    Side::Upstream,
+                    End::Error(Side::Upstream, std::io::ErrorKind::ConnectionReset.into()),
+                    ms(50)
+                )),
+                0,
+                false
+            )),
+            Outcome::Reset
+        );
+        // A TLS alert from the origin (7 bytes) is the origin speaking: not blamed.
+        assert_eq!(
+            judge(&report(eof(Side::Upstream, ms(50)), 7, false)),
+            Outcome::Ok
+        );
+        // Late, or the client closed first: not the upstream's doing.
+        assert_eq!(
+            judge(&report(eof(Side::Upstream, ms(5000)), 0, false)),
+            Outcome::Ok
+        );
+        assert_eq!(
+            judge(&report(eof(Side::Client, ms(50)), 10, false)),
+            Outcome::Ok
+        );
+        assert_eq!(
+            judge(&report(eof(Side::Client, ms(50)), 0, false)),
+            Outcome::Cancelled
+        );
+        assert_eq!(judge(&report(None, 0, true)), Outcome::Timeout);
+        assert_eq!(
+            judge(&report(
+                Some((
+                    Side::Client,
+                    End::Error(Side::Client, std::io::ErrorKind::BrokenPipe.into()),
+                    ms(5000)
+                )),
+                10_000,
+                false
+            )),
+            Outcome::Cancelled
+        );
+    }
 }

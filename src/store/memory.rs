@@ -464,6 +464,38 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn record(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        let entry = self.entry(pool)?;
+        let mut state = lock(&entry);
+        if let Some(m) = state.members.get_mut(upstream) {
+            m.outcomes[outcome.index()] += 1;
+            m.latency_total += latency;
+            m.latency_count += 1;
+        }
+        Ok(())
+    }
+
+    async fn session_upstream(
+        &self,
+        pool: &str,
+        key: &str,
+    ) -> Result<Option<UpstreamId>, StoreError> {
+        let entry = self.entry(pool)?;
+        let now = Instant::now();
+        let state = lock(&entry);
+        Ok(state
+            .sessions
+            .get(key)
+            .filter(|b| b.expires > now)
+            .map(|b| b.upstream.clone()))
+    }
+
     async fn extend(
         &self,
         pool: &str,
@@ -776,6 +808,40 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(g.upstream, m[1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn session_lookup_does_not_slide_and_record_counts_without_a_lease() {
+        let (s, m) = store(Strategy::LeastUsed, 2, Some(1)).await;
+        let ttl = Duration::from_secs(60);
+        let pref = vec![m[1].clone()];
+        let want = Want::Session {
+            key: "k",
+            ttl,
+            preferred: &pref,
+            rebind: false,
+        };
+        granted(s.acquire("p", want).await.unwrap());
+        assert_eq!(
+            s.session_upstream("p", "k").await.unwrap(),
+            Some(m[1].clone())
+        );
+        assert_eq!(s.session_upstream("p", "nope").await.unwrap(), None);
+        tokio::time::advance(Duration::from_secs(59)).await;
+        s.session_upstream("p", "k").await.unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(
+            s.session_upstream("p", "k").await.unwrap(),
+            None,
+            "lookups do not slide"
+        );
+
+        s.record("p", &m[0], Outcome::Captcha, Duration::from_millis(10))
+            .await
+            .unwrap();
+        let st = s.status("p").await.unwrap();
+        let m0 = st.members.iter().find(|x| x.id == m[0].as_str()).unwrap();
+        assert_eq!((m0.outcomes["captcha"], m0.leases_live), (1, 0));
     }
 
     #[tokio::test]

@@ -171,6 +171,24 @@ pub trait Store: Send + Sync + 'static {
         latency: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Counts an outcome in the statistics without touching any lease: the earlier exchanges of
+    /// an inspected tunnel (whose lease release counts the last one) and client feedback.
+    fn record(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The upstream a live session is bound to, without refreshing the binding (a lookup is not
+    /// a use).
+    fn session_upstream(
+        &self,
+        pool: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<UpstreamId>, StoreError>> + Send;
+
     /// Pushes a live lease's deadline out by the pool's lease TTL (long tunnels).
     fn extend(
         &self,
@@ -310,6 +328,24 @@ impl Store for AnyStore {
         latency: Duration,
     ) -> Result<(), StoreError> {
         dispatch!(self, s => s.release(pool, upstream, lease, outcome, latency).await)
+    }
+
+    async fn record(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.record(pool, upstream, outcome, latency).await)
+    }
+
+    async fn session_upstream(
+        &self,
+        pool: &str,
+        key: &str,
+    ) -> Result<Option<UpstreamId>, StoreError> {
+        dispatch!(self, s => s.session_upstream(pool, key).await)
     }
 
     async fn extend(

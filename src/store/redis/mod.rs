@@ -825,6 +825,34 @@ impl Inner {
         Ok(())
     }
 
+    async fn record_remote(
+        &self,
+        p: &PoolLocal,
+        upstream: &UpstreamId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), Fault> {
+        let mut inv = scripts::RECORD.prepare_invoke();
+        inv.key(&p.keys.stats)
+            .arg(upstream.as_str())
+            .arg(outcome.key())
+            .arg(latency.as_micros() as u64);
+        let _: i64 = self.eval(&inv, self.timeout).await?;
+        Ok(())
+    }
+
+    /// A session's upstream, read without refreshing it (one GET, no script needed).
+    async fn session_upstream_remote(
+        &self,
+        p: &PoolLocal,
+        key: &str,
+    ) -> Result<Option<UpstreamId>, Fault> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(p.keys.session(key));
+        let v: Option<String> = self.query(&cmd).await?;
+        Ok(v.map(UpstreamId::new))
+    }
+
     async fn end_session_remote(&self, p: &PoolLocal, key: &str) -> Result<bool, Fault> {
         let k = &p.keys;
         let mut inv = scripts::END_SESSION.prepare_invoke();
@@ -1251,6 +1279,50 @@ impl Store for RedisStore {
                 }
                 Err(Fault::Broken(why)) => return Err(broken(why)),
             }
+        }
+    }
+
+    async fn record(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        if inner.is_degraded() {
+            return inner
+                .fallback
+                .record(pool, upstream, outcome, latency)
+                .await;
+        }
+        match inner.record_remote(&p, upstream, outcome, latency).await {
+            Ok(()) => Ok(()),
+            // Statistics are best effort: a lost count is not worth failing anyone for.
+            Err(Fault::Down(why) | Fault::Broken(why)) => {
+                tracing::debug!(pool, error = %why, "could not record an outcome in redis");
+                inner
+                    .fallback
+                    .record(pool, upstream, outcome, latency)
+                    .await
+            }
+        }
+    }
+
+    async fn session_upstream(
+        &self,
+        pool: &str,
+        key: &str,
+    ) -> Result<Option<UpstreamId>, StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        if inner.is_degraded() {
+            return inner.fallback.session_upstream(pool, key).await;
+        }
+        match inner.session_upstream_remote(&p, key).await {
+            Ok(v) => Ok(v),
+            Err(Fault::Down(why) | Fault::Broken(why)) => Err(StoreError::Unavailable(why)),
         }
     }
 

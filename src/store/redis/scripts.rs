@@ -21,6 +21,7 @@ script!(SET_MEMBER, "set_member.lua");
 script!(CONFIGURE, "configure.lua");
 script!(UNBIND, "unbind.lua");
 script!(END_SESSION, "end_session.lua");
+script!(RECORD, "record.lua");
 script!(STATUS, "status.lua");
 script!(LOCK_ACQUIRE, "lock_acquire.lua");
 script!(LOCK_EXTEND, "lock_extend.lua");
@@ -111,6 +112,7 @@ mod tests {
             &CONFIGURE,
             &UNBIND,
             &END_SESSION,
+            &RECORD,
             &STATUS,
             &LOCK_ACQUIRE,
             &LOCK_EXTEND,
@@ -119,6 +121,6 @@ mod tests {
         .iter()
         .map(|s| s.get_hash())
         .collect();
-        assert_eq!(hashes.len(), 10);
+        assert_eq!(hashes.len(), 11);
     }
 }

@@ -1,0 +1,221 @@
+//! A two-way byte copy that remembers who did what: how many bytes each side sent, which side
+//! ended first (and how), and when. An opaque tunnel is judged from this alone (see
+//! [`crate::proxy::tunnel`]).
+//!
+//! Each direction copies until its reader ends, then half-closes the other side's writer, as
+//! `tokio::io::copy_bidirectional` does; an error in either direction ends both.
+
+use std::io;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// Bytes moved per read.
+const BUF_BYTES: usize = 16 * 1024;
+/// First byte of a TLS handshake record (a ClientHello).
+const TLS_HANDSHAKE: u8 = 0x16;
+/// `client_first` before the client sent anything.
+const NO_BYTE: u16 = u16::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Upstream,
+}
+
+/// How a direction ended.
+#[derive(Debug)]
+pub enum End {
+    /// The reader reached end of stream.
+    Eof,
+    /// Reading or writing failed; the side whose socket failed.
+    Error(Side, io::Error),
+}
+
+/// What happened in a tunnel.
+#[derive(Debug)]
+pub struct Report {
+    /// Bytes the client sent towards the upstream.
+    pub client_bytes: u64,
+    /// Bytes the upstream (that is, the origin through it) sent towards the client.
+    pub upstream_bytes: u64,
+    /// The side that ended first (its stream closed or failed), how, and when (since the start).
+    pub first_end: Option<(Side, End, Duration)>,
+    /// The client began a TLS handshake and nothing came back within the no-reply limit.
+    pub no_reply: bool,
+    pub duration: Duration,
+}
+
+/// Copies both ways between `client` and `upstream` until both directions end, one fails, or —
+/// when `no_reply_within` is set and the client's first byte starts a TLS handshake — the
+/// upstream side has sent nothing at all within that time (the handshake can no longer complete
+/// in time, so the tunnel is given up).
+pub async fn copy<C, U>(client: C, upstream: U, no_reply_within: Option<Duration>) -> Report
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let up_bytes = AtomicU64::new(0);
+    let down_bytes = AtomicU64::new(0);
+    let client_first = AtomicU16::new(NO_BYTE);
+
+    let (mut client_r, mut client_w) = tokio::io::split(client);
+    let (mut up_r, mut up_w) = tokio::io::split(upstream);
+    let to_upstream = pump(
+        &mut client_r,
+        &mut up_w,
+        (Side::Client, Side::Upstream),
+        &up_bytes,
+        Some(&client_first),
+    );
+    let to_client = pump(
+        &mut up_r,
+        &mut client_w,
+        (Side::Upstream, Side::Client),
+        &down_bytes,
+        None,
+    );
+    tokio::pin!(to_upstream, to_client);
+
+    let no_reply_deadline = no_reply_within.map(|d| start + d);
+    let mut first_end: Option<(Side, End, Duration)> = None;
+    let mut up_done = false;
+    let mut down_done = false;
+    let mut no_reply = false;
+    let mut watching = no_reply_deadline.is_some();
+    while !(up_done && down_done) {
+        let deadline = no_reply_deadline.unwrap_or(start);
+        tokio::select! {
+            end = &mut to_upstream, if !up_done => {
+                up_done = true;
+                let failed = matches!(end, End::Error(..));
+                let side = match &end { End::Error(side, _) => *side, End::Eof => Side::Client };
+                first_end.get_or_insert((side, end, start.elapsed()));
+                if failed { break; }
+            }
+            end = &mut to_client, if !down_done => {
+                down_done = true;
+                // The upstream side ended: whatever it did, it did not stay silent.
+                watching = false;
+                let failed = matches!(end, End::Error(..));
+                let side = match &end { End::Error(side, _) => *side, End::Eof => Side::Upstream };
+                first_end.get_or_insert((side, end, start.elapsed()));
+                if failed { break; }
+            }
+            _ = tokio::time::sleep_until(deadline), if watching => {
+                watching = false;
+                let tls = client_first.load(Ordering::Relaxed) == u16::from(TLS_HANDSHAKE);
+                if tls && down_bytes.load(Ordering::Relaxed) == 0 {
+                    no_reply = true;
+                    break;
+                }
+            }
+        }
+    }
+    Report {
+        client_bytes: up_bytes.load(Ordering::Relaxed),
+        upstream_bytes: down_bytes.load(Ordering::Relaxed),
+        first_end,
+        no_reply,
+        duration: start.elapsed(),
+    }
+}
+
+/// Copies `r` into `w` until `r` ends, then shuts `w` down. `sides` is (reader's side, writer's
+/// side), to say whose socket failed.
+async fn pump<R, W>(
+    r: &mut R,
+    w: &mut W,
+    sides: (Side, Side),
+    count: &AtomicU64,
+    first: Option<&AtomicU16>,
+) -> End
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUF_BYTES];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) => return End::Error(sides.0, e),
+        };
+        if let Some(first) = first {
+            let _ = first.compare_exchange(
+                NO_BYTE,
+                u16::from(buf[0]),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        if let Err(e) = w.write_all(&buf[..n]).await {
+            return End::Error(sides.1, e);
+        }
+        count.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    if let Err(e) = w.flush().await {
+        return End::Error(sides.1, e);
+    }
+    // Half-close: the peer learns that no more bytes come. A peer that is already gone is no
+    // error of this direction.
+    let _ = w.shutdown().await;
+    End::Eof
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::duplex;
+
+    #[tokio::test]
+    async fn counts_bytes_and_tells_which_side_ended_first() {
+        let (client, mut client_peer) = duplex(1024);
+        let (upstream, mut upstream_peer) = duplex(1024);
+        let run = tokio::spawn(copy(client, upstream, None));
+        client_peer.write_all(b"hello").await.unwrap();
+        let mut got = [0u8; 5];
+        upstream_peer.read_exact(&mut got).await.unwrap();
+        upstream_peer.write_all(b"hi").await.unwrap();
+        let mut got = [0u8; 2];
+        client_peer.read_exact(&mut got).await.unwrap();
+        drop(upstream_peer);
+        // The client sees end of stream once the upstream closed.
+        let mut rest = Vec::new();
+        client_peer.read_to_end(&mut rest).await.unwrap();
+        drop(client_peer);
+        let report = run.await.unwrap();
+        assert_eq!((report.client_bytes, report.upstream_bytes), (5, 2));
+        assert!(
+            matches!(report.first_end, Some((Side::Upstream, End::Eof, _))),
+            "{report:?}"
+        );
+        assert!(!report.no_reply);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tls_hello_without_any_reply_gives_up_at_the_limit() {
+        let (client, mut client_peer) = duplex(1024);
+        let (upstream, _upstream_peer) = duplex(1024);
+        let run = tokio::spawn(copy(client, upstream, Some(Duration::from_secs(10))));
+        client_peer.write_all(&[0x16, 3, 1, 0, 1, 0]).await.unwrap();
+        let report = run.await.unwrap();
+        assert!(report.no_reply);
+        assert_eq!(report.upstream_bytes, 0);
+        assert!(report.duration >= Duration::from_secs(10));
+
+        // Not TLS: the limit does not apply (a plain protocol may wait for its server).
+        let (client, mut client_peer) = duplex(1024);
+        let (upstream, upstream_peer) = duplex(1024);
+        let run = tokio::spawn(copy(client, upstream, Some(Duration::from_secs(10))));
+        client_peer.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        drop(upstream_peer);
+        drop(client_peer);
+        let report = run.await.unwrap();
+        assert!(!report.no_reply);
+    }
+}
