@@ -55,6 +55,7 @@ pub mod health;
 pub mod intercept;
 pub mod limits;
 pub mod pool;
+pub mod probe;
 pub mod proxy;
 pub mod reload;
 pub mod server;

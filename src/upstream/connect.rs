@@ -289,6 +289,12 @@ impl Connector {
         self
     }
 
+    /// The TLS settings used towards https:// proxies (the `upstream_tls` roots), for callers that
+    /// speak TLS to an origin through a tunnel, such as probes of https control targets.
+    pub fn tls(&self) -> &TlsConnector {
+        &self.tls
+    }
+
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms.load(Ordering::Relaxed))
     }

@@ -1,0 +1,38 @@
+//! Active probes: requests to control targets through upstreams that passive health cannot judge
+//! (quarantined ones whose cool-down ended, dead ones, idle ones, and candidates of an upstream
+//! list before admission).
+
+pub mod check;
+
+use std::time::Duration;
+
+pub use check::{ProbeFault, check};
+
+use crate::config::ProbeConfig;
+use crate::upstream::Upstream;
+use crate::upstream::connect::Connector;
+
+/// Probes `upstream` against the pool's control targets, starting at a random one so that
+/// probes spread over them; passes at the first that answers as expected. On failure, the fault
+/// of the last target tried (every one failed).
+pub async fn probe(
+    connector: &Connector,
+    upstream: &Upstream,
+    cfg: &ProbeConfig,
+) -> Result<Duration, ProbeFault> {
+    let n = cfg.targets.len();
+    let start = if n > 1 {
+        rand::random::<u32>() as usize % n
+    } else {
+        0
+    };
+    let mut last = None;
+    for i in 0..n {
+        let target = &cfg.targets[(start + i) % n];
+        match check(connector, upstream, target, cfg.timeout, cfg.max_latency).await {
+            Ok(took) => return Ok(took),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or(ProbeFault::Timeout(Duration::ZERO)))
+}
