@@ -43,6 +43,9 @@ pub struct StartOptions {
     /// Resolves target names for `direct://` and `socks5://` upstreams (tests map names to
     /// loopback); the system resolver when `None`.
     pub resolver: Option<Arc<dyn Resolve>>,
+    /// Carries out probes (tests drive the prober with their own); probes through the gateway's
+    /// connector when `None`.
+    pub probe_runner: Option<Arc<dyn crate::probe::prober::Runner>>,
 }
 
 /// How often cool-downs are checked; the granularity of a quarantine's end.
@@ -153,6 +156,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         pools: ArcSwap::from_pointee(pools),
         store: Arc::new(store),
         health,
+        probes: Default::default(),
         captcha: CaptchaRules::new(&config.captcha),
         metrics: Arc::new(Metrics::new()),
         connector,
@@ -198,6 +202,12 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             }
         }
     });
+    let runner = options.probe_runner.unwrap_or_else(|| {
+        Arc::new(crate::probe::prober::LiveRunner {
+            connector: gw.connector.clone(),
+        })
+    });
+    listeners.spawn(crate::probe::prober::run(gw.clone(), runner));
     let sweeper = gw.clone();
     listeners.spawn(async move {
         let mut tick = tokio::time::interval(IDLE_SWEEP_INTERVAL);

@@ -211,6 +211,7 @@ struct FileProbe {
     expect_status: Option<u16>,
     expect_body: Option<String>,
     interval: Option<String>,
+    jitter: Option<f64>,
     dead_interval: Option<String>,
     successes: Option<u32>,
     concurrency: Option<usize>,
@@ -515,8 +516,10 @@ impl Default for HealthConfig {
     }
 }
 
-/// Default spacing of probes of an idle upstream; each gap is drawn from `[interval, 2×interval)`.
+/// Shortest spacing of probes of an idle upstream; each gap is drawn from
+/// `[interval, interval × (1 + jitter)]`.
 pub const DEFAULT_PROBE_INTERVAL_MS: u64 = 30_000;
+pub const DEFAULT_PROBE_JITTER: f64 = 1.0;
 /// Dead upstreams are probed this rarely.
 pub const DEFAULT_PROBE_DEAD_INTERVAL_MS: u64 = 10 * 60_000;
 pub const DEFAULT_PROBE_SUCCESSES: u32 = 2;
@@ -529,6 +532,8 @@ pub struct ProbeConfig {
     /// Where probes go; a probe passes when any of them answers as expected.
     pub targets: Vec<ControlTarget>,
     pub interval: Duration,
+    /// Share of `interval` added at random to each gap, so probes do not fall into step.
+    pub jitter: f64,
     pub dead_interval: Duration,
     /// Passing probes a quarantined (or dead) upstream needs to go half-open.
     pub successes: u32,
@@ -1336,6 +1341,7 @@ impl Validator {
         ProbeConfig {
             targets,
             interval,
+            jitter: self.ratio(&k("jitter"), p.jitter, DEFAULT_PROBE_JITTER),
             dead_interval,
             successes: self.positive(&k("successes"), p.successes, DEFAULT_PROBE_SUCCESSES),
             concurrency: self.positive(&k("concurrency"), p.concurrency, DEFAULT_PROBE_CONCURRENCY),

@@ -46,6 +46,8 @@ pub struct Gateway {
     pub store: Arc<AnyStore>,
     /// Every pool's passive health.
     pub health: health::Registry,
+    /// Every probing pool's probe status.
+    pub probes: crate::probe::prober::Registry,
     /// Captcha and block detection for responses.
     pub captcha: CaptchaRules,
     pub metrics: Arc<Metrics>,

@@ -77,6 +77,14 @@ pub struct Metrics {
     target_success_ratio: Family<TargetLabels, Ratio>,
     store_up: Family<StoreLabels, Gauge>,
     uptime: Gauge,
+    probe_results: Family<ProbeLabels, Gauge>,
+    probe_incident: Family<PoolLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabels {
+    pool: String,
+    result: &'static str,
 }
 
 impl Default for Metrics {
@@ -103,6 +111,8 @@ impl Metrics {
             target_success_ratio: Family::default(),
             store_up: Family::default(),
             uptime: Gauge::default(),
+            probe_results: Family::default(),
+            probe_incident: Family::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -172,6 +182,16 @@ impl Metrics {
                 m.store_up.clone(),
             );
             r.register(
+                "poolgate_probe_results",
+                "Probes since start by result (passed, failed, unjudged: failed during a probe incident)",
+                m.probe_results.clone(),
+            );
+            r.register(
+                "poolgate_probe_incident",
+                "1 while every control target fails through every upstream tried",
+                m.probe_incident.clone(),
+            );
+            r.register(
                 "poolgate_uptime_seconds",
                 "Seconds since start",
                 m.uptime.clone(),
@@ -213,6 +233,8 @@ impl Metrics {
         self.captcha_ratio.clear();
         self.target_success_ratio.clear();
         self.store_up.clear();
+        self.probe_results.clear();
+        self.probe_incident.clear();
 
         self.uptime.set(status.uptime_s as i64);
         self.store_up
@@ -263,6 +285,23 @@ impl Metrics {
                         self.captcha_ratio.get_or_create(&labels).set(r);
                     }
                 }
+            }
+            if let Some(probes) = &p.probes {
+                for (result, n) in [
+                    ("passed", probes.passed),
+                    ("failed", probes.failed - probes.failed_unjudged),
+                    ("unjudged", probes.failed_unjudged),
+                ] {
+                    self.probe_results
+                        .get_or_create(&ProbeLabels {
+                            pool: p.name.clone(),
+                            result,
+                        })
+                        .set(n as i64);
+                }
+                self.probe_incident
+                    .get_or_create(&pool)
+                    .set(i64::from(probes.incident.is_some()));
             }
             for row in &p.matrix {
                 for cell in &row.cells {

@@ -43,6 +43,8 @@ pub struct PoolView {
     pub upstreams: Vec<UpstreamView>,
     /// Success and captcha rates per (target × upstream), for the busiest targets.
     pub matrix: Vec<MatrixRow>,
+    /// Active probing (`null` when the pool has no `[pools.*.probe]` section).
+    pub probes: Option<crate::probe::prober::ProbeStatus>,
 }
 
 #[derive(Serialize)]
@@ -119,6 +121,11 @@ pub async fn collect(gw: &Gateway) -> Status {
             },
             upstreams,
             matrix: hv.matrix,
+            probes: pool
+                .config
+                .probe
+                .as_ref()
+                .map(|_| gw.probes.status(pool.name()).unwrap_or_default()),
         });
     }
     Status {

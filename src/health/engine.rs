@@ -100,6 +100,29 @@ struct Engine {
     upstreams: HashMap<UpstreamId, Tracked>,
     targets: Targets,
     global_incident_since: Option<Instant>,
+    /// The pool probes: a cool-down's end waits for passing probes instead of going half-open.
+    probing: bool,
+}
+
+/// Why an upstream is due a probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbePurpose {
+    /// Quarantined, its cool-down over: passing probes return it to half-open.
+    Recovery,
+    /// Dead: probed rarely, in case it came back.
+    Dead,
+    /// In service but carrying no traffic: probes keep its health current.
+    Idle,
+}
+
+impl ProbePurpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbePurpose::Recovery => "recovery",
+            ProbePurpose::Dead => "dead",
+            ProbePurpose::Idle => "idle",
+        }
+    }
 }
 
 /// The health of one pool.
@@ -119,6 +142,10 @@ pub struct UpstreamHealthView {
     pub captcha_ratio: Option<f64>,
     pub quarantines_total: u64,
     pub cooldown_remaining_ms: Option<u64>,
+    /// Quarantined with the cool-down over, waiting for passing probes.
+    pub awaiting_probe: bool,
+    /// Passing probes counted so far towards half-open.
+    pub probe_passes: u32,
     pub latency_ewma_ms: Option<f64>,
     pub latency_p50_ms: Option<f64>,
     pub latency_p95_ms: Option<f64>,
@@ -238,6 +265,7 @@ impl PoolHealth {
                 strategy,
                 targets: Targets::default(),
                 global_incident_since: None,
+                probing: false,
             }),
         }
     }
@@ -259,6 +287,105 @@ impl PoolHealth {
                 .entry(id.clone())
                 .or_insert_with(|| Tracked::new(now));
         }
+    }
+
+    /// Whether the pool probes (its config has a probe section); set at start and on reload.
+    pub fn set_probing(&self, probing: bool) {
+        self.lock().probing = probing;
+    }
+
+    /// The members a probe should look at now, and why: quarantined ones whose cool-down is
+    /// over, dead ones (not operator-removed), and in-service ones with no traffic for `idle`.
+    /// Members carrying traffic are left to passive health.
+    pub fn probe_plan(&self, idle: Duration) -> Vec<(UpstreamId, ProbePurpose)> {
+        let now = Instant::now();
+        let e = self.lock();
+        e.members
+            .iter()
+            .filter_map(|id| {
+                let t = e.upstreams.get(id)?;
+                let m = &t.machine;
+                let purpose = match m.state() {
+                    State::Quarantined if m.awaiting_probe() => ProbePurpose::Recovery,
+                    State::Dead if !m.removed() => ProbePurpose::Dead,
+                    State::Healthy | State::Degraded | State::HalfOpen
+                        if t.last_active.is_none_or(|a| now.duration_since(a) >= idle) =>
+                    {
+                        ProbePurpose::Idle
+                    }
+                    _ => return None,
+                };
+                Some((id.clone(), purpose))
+            })
+            .collect()
+    }
+
+    /// Members in service now (healthy, degraded or half-open): where a reference probe may go.
+    pub fn in_service(&self) -> Vec<UpstreamId> {
+        let e = self.lock();
+        e.members
+            .iter()
+            .filter(|id| {
+                e.upstreams.get(*id).is_some_and(|t| {
+                    matches!(
+                        t.machine.state(),
+                        State::Healthy | State::Degraded | State::HalfOpen
+                    )
+                })
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Applies a probe's verdict. A quarantined or dead upstream needs `needed` passes in a row
+    /// to go half-open, and a failure re-quarantines it with a longer cool-down; for an upstream
+    /// in service a probe counts as one sample, like an exchange (without target statistics: a
+    /// control target is not a target anyone asked for).
+    pub fn probe_result(
+        &self,
+        upstream: &UpstreamId,
+        passed: Result<(), &str>,
+        needed: u32,
+    ) -> Vec<Change> {
+        let now = Instant::now();
+        let mut e = self.lock();
+        let e = &mut *e;
+        let cfg = e.cfg.clone();
+        let Some(state) = e.upstreams.get(upstream).map(|t| t.machine.state()) else {
+            return Vec::new();
+        };
+        let jitter = rand::random::<f64>() * 2.0 - 1.0;
+        let transition = match state {
+            State::Quarantined | State::Dead => {
+                let m = match e.upstreams.get_mut(upstream) {
+                    Some(t) => &mut t.machine,
+                    None => return Vec::new(),
+                };
+                match passed {
+                    Ok(()) => m.probe_passed(needed, now),
+                    Err(why) => m.probe_failed(&cfg, now, jitter, why),
+                }
+            }
+            State::Healthy | State::Degraded | State::HalfOpen => {
+                let sample = if passed.is_ok() {
+                    Sample::Success
+                } else {
+                    Sample::Fault
+                };
+                let guard = Self::guard(e, upstream);
+                let guard = guard.as_ref().map(|_| ()).map_err(String::as_str);
+                e.upstreams
+                    .get_mut(upstream)
+                    .and_then(|t| t.machine.observe(sample, &cfg, now, jitter, guard))
+            }
+            State::Drained => None,
+        };
+        if let Some(t) = &transition {
+            self.log(upstream, t);
+        }
+        self.change_for(e, upstream, transition)
+            .into_iter()
+            .collect()
     }
 
     /// Records one exchange's outcome and returns what the allocator must change.
@@ -462,7 +589,11 @@ impl PoolHealth {
         let ids: Vec<UpstreamId> = e.upstreams.keys().cloned().collect();
         let mut changes = Vec::new();
         for id in ids {
-            let transition = e.upstreams.get_mut(&id).and_then(|t| t.machine.tick(now));
+            let probing = e.probing;
+            let transition = e
+                .upstreams
+                .get_mut(&id)
+                .and_then(|t| t.machine.tick(now, probing));
             if let Some(t) = &transition {
                 self.log(&id, t);
             }
@@ -558,6 +689,8 @@ impl PoolHealth {
                     cooldown_remaining_ms: m
                         .quarantine_until()
                         .map(|u| u.saturating_duration_since(now).as_millis() as u64),
+                    awaiting_probe: m.awaiting_probe(),
+                    probe_passes: m.probe_passes(),
                     latency_ewma_ms: t.latency_ewma_ms,
                     latency_p50_ms: t.latency.quantile(0.5),
                     latency_p95_ms: t.latency.quantile(0.95),

@@ -30,6 +30,7 @@ impl Registry {
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         if let Some(h) = pools.get(&cfg.name) {
             h.reconfigure(cfg.health.clone(), cfg.strategy, &members);
+            h.set_probing(cfg.probe.is_some());
             return h.clone();
         }
         let h = Arc::new(PoolHealth::new(
@@ -38,6 +39,7 @@ impl Registry {
             cfg.strategy,
             &members,
         ));
+        h.set_probing(cfg.probe.is_some());
         pools.insert(cfg.name.clone(), h.clone());
         h
     }

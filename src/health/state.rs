@@ -81,6 +81,12 @@ pub struct UpstreamHealth {
     pub quarantines_total: u64,
     /// Kept degraded by a pool guard although its signals asked for quarantine.
     held: bool,
+    /// Quarantined with its cool-down over, waiting for passing probes (pools with probes only).
+    awaiting_probe: bool,
+    /// Passing probes since the cool-down ended (or since the last failed probe of a dead one).
+    probe_passes: u32,
+    /// Taken out by an operator's removal: probes never bring it back, only a restore.
+    removed: bool,
 }
 
 impl UpstreamHealth {
@@ -97,6 +103,9 @@ impl UpstreamHealth {
             quarantine_until: None,
             quarantines_total: 0,
             held: false,
+            awaiting_probe: false,
+            probe_passes: 0,
+            removed: false,
         }
     }
 
@@ -118,6 +127,21 @@ impl UpstreamHealth {
 
     pub fn quarantine_until(&self) -> Option<Instant> {
         self.quarantine_until
+    }
+
+    /// Quarantined, its cool-down over, and waiting for probes to pass before half-open.
+    pub fn awaiting_probe(&self) -> bool {
+        self.awaiting_probe
+    }
+
+    /// Removed by an operator: only a restore brings it back, never a probe.
+    pub fn removed(&self) -> bool {
+        self.removed
+    }
+
+    /// Passing probes counted towards the return to half-open.
+    pub fn probe_passes(&self) -> u32 {
+        self.probe_passes
     }
 
     /// Successes over the window, once it holds `min_samples`.
@@ -314,6 +338,8 @@ impl UpstreamHealth {
         self.consecutive_faults = 0;
         self.consecutive_successes = 0;
         self.held = false;
+        self.awaiting_probe = false;
+        self.probe_passes = 0;
         if self.cycles_at_cap > cfg.dead_after_cycles {
             self.quarantine_until = None;
             return self.set(
@@ -341,14 +367,69 @@ impl UpstreamHealth {
         )
     }
 
-    /// Ends a quarantine whose cool-down is over.
-    pub fn tick(&mut self, now: Instant) -> Option<Transition> {
+    /// Ends a quarantine whose cool-down is over: straight to half-open, or, when the pool
+    /// probes (`probed`), to waiting for passing probes (still quarantined, so no client request
+    /// is the first to find out whether it recovered).
+    pub fn tick(&mut self, now: Instant, probed: bool) -> Option<Transition> {
         match (self.state, self.quarantine_until) {
             (State::Quarantined, Some(until)) if now >= until => {
                 self.quarantine_until = None;
                 self.window.clear();
                 self.consecutive_successes = 0;
+                if probed {
+                    self.awaiting_probe = true;
+                    self.probe_passes = 0;
+                    self.reason = "cool-down over; waiting for passing probes".to_string();
+                    return None;
+                }
                 Some(self.set(State::HalfOpen, "cool-down over".to_string(), now))
+            }
+            _ => None,
+        }
+    }
+
+    /// A passing probe of a quarantined (cool-down over) or dead upstream; `needed` passes in a
+    /// row return it to half-open. Other states take probes as ordinary samples (the engine's).
+    pub fn probe_passed(&mut self, needed: u32, now: Instant) -> Option<Transition> {
+        let waiting = (self.state == State::Quarantined && self.awaiting_probe)
+            || self.state == State::Dead && !self.removed;
+        if !waiting {
+            return None;
+        }
+        self.probe_passes += 1;
+        if self.probe_passes < needed {
+            return None;
+        }
+        let from_dead = self.state == State::Dead;
+        self.awaiting_probe = false;
+        self.window.clear();
+        self.consecutive_faults = 0;
+        self.consecutive_successes = 0;
+        let reason = format!(
+            "{} passing probes{}",
+            self.probe_passes,
+            if from_dead { " after dead" } else { "" }
+        );
+        self.probe_passes = 0;
+        Some(self.set(State::HalfOpen, reason, now))
+    }
+
+    /// A failed probe of a quarantined (cool-down over) upstream: a new quarantine, one cycle
+    /// longer. A dead upstream stays dead and starts counting passes again.
+    pub fn probe_failed(
+        &mut self,
+        cfg: &HealthConfig,
+        now: Instant,
+        jitter: f64,
+        why: &str,
+    ) -> Option<Transition> {
+        match self.state {
+            State::Quarantined if self.awaiting_probe => {
+                Some(self.quarantine(cfg, now, jitter, format!("probe failed: {why}")))
+            }
+            State::Dead => {
+                self.probe_passes = 0;
+                None
             }
             _ => None,
         }
@@ -365,6 +446,9 @@ impl UpstreamHealth {
         self.quarantine_until = None;
         self.cycles_at_cap = 0;
         self.held = false;
+        self.awaiting_probe = false;
+        self.probe_passes = 0;
+        self.removed = false;
         Some(self.set(State::Healthy, reason.to_string(), now))
     }
 
@@ -372,17 +456,22 @@ impl UpstreamHealth {
     /// An operator's drain: no new work until restored.
     pub fn drain(&mut self, now: Instant) -> Transition {
         self.quarantine_until = None;
+        self.awaiting_probe = false;
         self.set(State::Drained, "drained by an operator".to_string(), now)
     }
 
     /// An operator's removal: out of service and its sessions end, until restored or reloaded.
     pub fn remove(&mut self, now: Instant) -> Transition {
         self.quarantine_until = None;
+        self.awaiting_probe = false;
+        self.removed = true;
         self.set(State::Dead, "removed by an operator".to_string(), now)
     }
 
     pub fn force_quarantine(&mut self, duration: Duration, now: Instant) -> Transition {
         self.quarantines_total += 1;
+        self.awaiting_probe = false;
+        self.probe_passes = 0;
         self.quarantine_until = Some(now + duration);
         self.set(
             State::Quarantined,
@@ -475,7 +564,7 @@ mod tests {
             let until = h.quarantine_until().unwrap();
             lengths.push(until - Instant::now());
             tokio::time::advance(until - Instant::now()).await;
-            assert_eq!(h.tick(Instant::now()).unwrap().to, State::HalfOpen);
+            assert_eq!(h.tick(Instant::now(), false).unwrap().to, State::HalfOpen);
         }
         let base = c.cooldown_base;
         for (n, len) in lengths.iter().enumerate() {
@@ -491,7 +580,7 @@ mod tests {
         let mut h = UpstreamHealth::new(Instant::now());
         feed(&mut h, &c, Sample::Fault, 3, Instant::now());
         tokio::time::advance(c.cooldown_base).await;
-        h.tick(Instant::now());
+        h.tick(Instant::now(), false);
         let t = feed(
             &mut h,
             &c,

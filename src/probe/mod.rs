@@ -3,6 +3,7 @@
 //! list before admission).
 
 pub mod check;
+pub mod prober;
 
 use std::time::Duration;
 

@@ -136,13 +136,27 @@ impl Origin {
         Self::start_inner(behaviour, Some(acceptor)).await
     }
 
+    /// Plain HTTP origin on a given loopback port (one a test reserved, e.g. to bring a service
+    /// back where clients expect it).
+    pub async fn start_on(port: u16, behaviour: OriginBehaviour) -> Origin {
+        Self::start_at(behaviour, None, port).await
+    }
+
     async fn start_inner(
         behaviour: OriginBehaviour,
         tls: Option<tokio_rustls::TlsAcceptor>,
     ) -> Origin {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_at(behaviour, tls, 0).await
+    }
+
+    async fn start_at(
+        behaviour: OriginBehaviour,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        port: u16,
+    ) -> Origin {
+        let listener = TcpListener::bind(("127.0.0.1", port))
             .await
-            .expect("bind origin on 127.0.0.1:0");
+            .expect("bind origin on loopback");
         let addr = listener.local_addr().expect("origin local_addr");
         let state = Arc::new(OriginState {
             addr,
