@@ -62,6 +62,33 @@ pub async fn health_tick(gw: &Gateway) {
     }
 }
 
+/// Applies member settings decided by other instances (shared store) to this instance's health
+/// view, so its `/status` and its own later decisions start from what the pool really is.
+async fn mirror_member_changes(gw: Arc<Gateway>) {
+    let mut changes = gw.store.subscribe_member_changes();
+    loop {
+        let change = tokio::select! {
+            c = changes.recv() => c,
+            _ = gw.shutdown.cancelled() => return,
+        };
+        match change {
+            Ok(c) => {
+                let pools = gw.pools.load_full();
+                if let Ok(pool) = pools.get(Some(&c.pool)) {
+                    pool.health.mirror(&c.upstream, c.state);
+                }
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(
+                    missed = n,
+                    "member changes from other instances were missed; the health view catches up with the next ones"
+                );
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot listen on {addr} ({key}): {source}")]
@@ -208,6 +235,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         })
     });
     listeners.spawn(crate::probe::prober::run(gw.clone(), runner));
+    listeners.spawn(mirror_member_changes(gw.clone()));
     let sweeper = gw.clone();
     listeners.spawn(async move {
         let mut tick = tokio::time::interval(IDLE_SWEEP_INTERVAL);

@@ -451,3 +451,57 @@ async fn all_control_targets_down_is_a_probe_incident_and_changes_no_state() {
     assert!(status["pools"][0]["probes"]["incident"].is_null());
     assert!(proxies[0].requests() >= 2, "the probes went through p0");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_of_one_instance_reach_the_health_view_of_another() {
+    let redis = RedisServer::start().await;
+    let config = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\n[pools.default]\nupstreams = [{}]\n[pools.default.health]\nmax_quarantined_percent = 50\n",
+        redis.url(),
+        upstreams(4)
+    );
+    let a = start(&config, Scripted::new()).await;
+    let b = start(&config, Scripted::new()).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    async fn wait_for(gw: &TestGateway, id: &str, want: State) -> bool {
+        for _ in 0..40 {
+            if state(gw, id) == want {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    fail_until_quarantined(&a, "u0").await;
+    assert!(
+        wait_for(&b, "u0", State::Quarantined).await,
+        "B mirrors A's quarantine"
+    );
+    let seen = b.upstream_status("default", "u0").await;
+    eprintln!(
+        "B's view after A's quarantine: {} ({})",
+        seen["state"], seen["state_reason"]
+    );
+    assert_eq!(seen["state_reason"], "quarantined by another instance");
+    // The mirrored quarantine outlasts the decider's: B does not end it on its own first.
+    assert!(seen["cooldown_remaining_ms"].as_u64().unwrap() >= 30_000);
+
+    // A's operator restores it: B follows.
+    let g = a.running().gateway().clone();
+    let pools = g.pools.load_full();
+    let pool = pools.get(None).unwrap();
+    let change = pool
+        .health
+        .restore(&UpstreamId::new("u0"), "restored by an operator");
+    poolgate::health::apply(&*g.store, pool.name(), change.into_iter().collect()).await;
+    assert!(
+        wait_for(&b, "u0", State::HalfOpen).await,
+        "B mirrors A's return"
+    );
+    // Nothing of this travelled back: A's own state is the one it decided.
+    assert_eq!(state(&a, "u0"), State::Healthy);
+    drop(a);
+    drop(b);
+}

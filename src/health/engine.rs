@@ -289,6 +289,28 @@ impl PoolHealth {
         }
     }
 
+    /// Mirrors a member setting another instance applied (shared store), so this instance's
+    /// view and decisions start from it. Returns nothing for the store: it already holds it.
+    pub fn mirror(&self, upstream: &UpstreamId, member: MemberState) {
+        let now = Instant::now();
+        let mut e = self.lock();
+        let e = &mut *e;
+        let cfg = e.cfg.clone();
+        let Some(t) = e.upstreams.get_mut(upstream) else {
+            return;
+        };
+        let to = match (member.eligible, member.keeps_sessions) {
+            (false, false) => State::Dead,
+            (false, true) => State::Quarantined,
+            (true, _) => State::Healthy,
+        };
+        let transition = t.machine.mirror(to, &cfg, now);
+        t.applied = member;
+        if let Some(tr) = &transition {
+            self.log(upstream, tr);
+        }
+    }
+
     /// Whether the pool probes (its config has a probe section); set at start and on reload.
     pub fn set_probing(&self, probing: bool) {
         self.lock().probing = probing;

@@ -480,6 +480,40 @@ impl UpstreamHealth {
         )
     }
 
+    /// Follows a decision another instance made about this upstream (shared store): `to` is
+    /// the state its member setting implies. A mirrored quarantine gets the longest cool-down
+    /// the deciding instance could have drawn, so the decider always ends it first (and this
+    /// instance ends it only if the decider died).
+    pub fn mirror(&mut self, to: State, cfg: &HealthConfig, now: Instant) -> Option<Transition> {
+        let out = |s: State| matches!(s, State::Quarantined | State::Dead | State::Drained);
+        if to == self.state || (!out(to) && !out(self.state)) {
+            return None;
+        }
+        self.window.clear();
+        self.consecutive_faults = 0;
+        self.consecutive_successes = 0;
+        self.awaiting_probe = false;
+        self.probe_passes = 0;
+        self.held = false;
+        self.quarantine_until = None;
+        match to {
+            State::Quarantined => {
+                let next = Self::cooldown(cfg, self.cycle + 1);
+                let longest = next
+                    .mul_f64(1.0 + cfg.cooldown_jitter)
+                    .min(cfg.cooldown_max);
+                self.quarantine_until = Some(now + longest);
+                Some(self.set(to, "quarantined by another instance".to_string(), now))
+            }
+            State::Dead => Some(self.set(to, "dead on another instance".to_string(), now)),
+            _ => Some(self.set(
+                State::HalfOpen,
+                "returned to service by another instance".to_string(),
+                now,
+            )),
+        }
+    }
+
     /// How many successes in half-open so far (drives the growing share).
     pub fn half_open_progress(&self) -> u32 {
         if self.state == State::HalfOpen {
