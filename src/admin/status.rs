@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::health::engine::{MatrixRow, TargetIncident, UpstreamHealthView};
+use crate::ratelimit::RateLimitView;
 use crate::state::Gateway;
 use crate::store::{MemberStatus, Store};
 
@@ -43,6 +44,8 @@ pub struct PoolView {
     pub upstreams: Vec<UpstreamView>,
     /// Success and captcha rates per (target × upstream), for the busiest targets.
     pub matrix: Vec<MatrixRow>,
+    /// This instance's rate limits: configured rates, buckets held, rejections and waits.
+    pub rate_limit: RateLimitView,
 }
 
 #[derive(Serialize)]
@@ -119,6 +122,11 @@ pub async fn collect(gw: &Gateway) -> Status {
             },
             upstreams,
             matrix: hv.matrix,
+            rate_limit: RateLimitView::new(
+                &pool.config.rate_limit,
+                gw.ratelimits.keys(pool.name()),
+                |scope| gw.metrics.rate_limit_counts(pool.name(), scope),
+            ),
         });
     }
     Status {
