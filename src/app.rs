@@ -51,7 +51,7 @@ pub struct StartOptions {
 /// How often cool-downs are checked; the granularity of a quarantine's end.
 const HEALTH_TICK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Ends the cool-downs that are over in every pool.
+/// Ends the cool-downs that are over in every pool, and prunes idle rate-limit buckets.
 pub async fn health_tick(gw: &Gateway) {
     let pools = gw.pools.load_full();
     for pool in pools.iter() {
@@ -60,6 +60,10 @@ pub async fn health_tick(gw: &Gateway) {
             health::apply(&*gw.store, pool.name(), changes).await;
         }
     }
+    gw.ratelimits.prune(
+        pools.iter().map(|p| (p.name(), &p.config.rate_limit)),
+        &gw.live.load().auth.users,
+    );
 }
 
 /// Applies member settings decided by other instances (shared store) to this instance's health
@@ -204,6 +208,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             ..Default::default()
         }),
         tunnels_stop: CancellationToken::new(),
+        ratelimits: Default::default(),
     });
 
     let mut listeners = tokio::task::JoinSet::new();

@@ -204,6 +204,7 @@ mod tests {
             UserConfig {
                 password_hash: hash_password_with_cost(password, 8, 1, 1).unwrap(),
                 pools: None,
+                rate_limit: None,
             },
         );
         c

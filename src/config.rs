@@ -55,6 +55,11 @@ pub const DEFAULT_LEASE_TTL_MS: u64 = 10 * 60_000;
 pub const MIN_LEASE_TTL_MS: u64 = 1_000;
 pub const DEFAULT_RETRIES: u32 = 2;
 pub const MAX_RETRIES: u32 = 10;
+/// Highest rate limit accepted (requests per second); one request per microsecond.
+pub const MAX_RATE_LIMIT_PER_S: f64 = 1_000_000.0;
+/// Requests that may pass at once before a rate limit spaces them; 1 spaces every request evenly.
+pub const DEFAULT_RATE_LIMIT_BURST: u32 = 1;
+pub const MAX_RATE_LIMIT_BURST: u32 = 1_000_000;
 
 // ---------------------------------------------------------------------------------------------
 // The file as written.
@@ -175,6 +180,8 @@ struct FileAuth {
 struct FileUser {
     password_hash: Option<String>,
     pools: Option<Vec<String>>,
+    rate_limit: Option<f64>,
+    rate_limit_burst: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -201,6 +208,7 @@ struct FilePool {
     #[serde(default)]
     health: FileHealth,
     probe: Option<FileProbe>,
+    rate_limit: Option<FileRateLimit>,
 }
 
 /// `[pools.<name>.probe]`: active checks through the pool's upstreams.
@@ -229,6 +237,14 @@ enum FileControlTarget {
         expect_status: Option<u16>,
         expect_body: Option<String>,
     },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRateLimit {
+    per_upstream: Option<f64>,
+    per_upstream_target: Option<f64>,
+    burst: Option<u32>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -380,6 +396,8 @@ pub struct UserConfig {
     pub password_hash: String,
     /// Pools this user may use; `None` is every pool.
     pub pools: Option<Vec<String>>,
+    /// Requests per second this user may send (each instance counts its own); `None` is no limit.
+    pub rate_limit: Option<Rate>,
 }
 
 impl fmt::Debug for UserConfig {
@@ -387,6 +405,7 @@ impl fmt::Debug for UserConfig {
         f.debug_struct("UserConfig")
             .field("password_hash", &"<redacted>")
             .field("pools", &self.pools)
+            .field("rate_limit", &self.rate_limit)
             .finish()
     }
 }
@@ -598,6 +617,38 @@ pub struct PoolConfig {
     /// Active probes; `None` leaves health passive (a cool-down's end alone returns an upstream
     /// to half-open).
     pub probe: Option<ProbeConfig>,
+    /// `[pools.<name>.rate_limit]`; none set when the table is absent.
+    pub rate_limit: RateLimitConfig,
+}
+
+/// A request rate: one request per `interval`, with up to `burst` at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    /// Time between two requests once the burst is spent (1 / requests per second).
+    pub interval: Duration,
+    /// Requests that may go at once after a quiet spell.
+    pub burst: NonZeroU32,
+}
+
+impl Rate {
+    pub fn per_second(&self) -> f64 {
+        1.0 / self.interval.as_secs_f64()
+    }
+}
+
+/// A pool's rate limits (see [`crate::ratelimit`]); each `None` is no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateLimitConfig {
+    /// Requests through each upstream, whatever the target.
+    pub per_upstream: Option<Rate>,
+    /// Requests through each upstream to one target host: politeness towards the site.
+    pub per_upstream_target: Option<Rate>,
+}
+
+impl RateLimitConfig {
+    pub fn is_limited(&self) -> bool {
+        self.per_upstream.is_some() || self.per_upstream_target.is_some()
+    }
 }
 
 /// Every problem found in a config file, each naming its key.
@@ -1104,11 +1155,22 @@ impl Validator {
                     "must name at least one pool (omit it for every pool)",
                 );
             }
+            let burst = self.burst(&format!("{key}.rate_limit_burst"), u.rate_limit_burst);
+            let rate_limit = u
+                .rate_limit
+                .and_then(|r| self.rate(&format!("{key}.rate_limit"), r, burst));
+            if u.rate_limit.is_none() && u.rate_limit_burst.is_some() {
+                self.problem(
+                    &format!("{key}.rate_limit_burst"),
+                    "needs rate_limit (requests per second)",
+                );
+            }
             users.insert(
                 name.clone(),
                 UserConfig {
                     password_hash,
                     pools: u.pools.clone(),
+                    rate_limit,
                 },
             );
         }
@@ -1256,6 +1318,64 @@ impl Validator {
             probe: p
                 .probe
                 .map(|f| self.probe(&format!("pools.{name}.probe"), f)),
+            rate_limit: p
+                .rate_limit
+                .map(|r| self.rate_limit(&format!("pools.{name}.rate_limit"), r))
+                .unwrap_or_default(),
+        })
+    }
+
+    /// `[pools.<name>.rate_limit]`: at least one limit; `burst` applies to both.
+    fn rate_limit(&mut self, prefix: &str, r: FileRateLimit) -> RateLimitConfig {
+        let k = |s: &str| format!("{prefix}.{s}");
+        if r.per_upstream.is_none() && r.per_upstream_target.is_none() {
+            self.problem(
+                prefix,
+                "set per_upstream and/or per_upstream_target (requests per second), or remove the table",
+            );
+        }
+        let burst = self.burst(&k("burst"), r.burst);
+        RateLimitConfig {
+            per_upstream: r
+                .per_upstream
+                .and_then(|v| self.rate(&k("per_upstream"), v, burst)),
+            per_upstream_target: r
+                .per_upstream_target
+                .and_then(|v| self.rate(&k("per_upstream_target"), v, burst)),
+        }
+    }
+
+    /// A burst size: `None` (after reporting it) when out of range.
+    fn burst(&mut self, key: &str, burst: Option<u32>) -> Option<NonZeroU32> {
+        match burst {
+            None => NonZeroU32::new(DEFAULT_RATE_LIMIT_BURST),
+            Some(b) if b > MAX_RATE_LIMIT_BURST => {
+                self.problem(key, format!("must be at most {MAX_RATE_LIMIT_BURST}"));
+                None
+            }
+            Some(b) => {
+                let b = NonZeroU32::new(b);
+                if b.is_none() {
+                    self.problem(key, "must be at least 1");
+                }
+                b
+            }
+        }
+    }
+
+    /// A rate in requests per second (fractions allowed: 0.2 is one request every 5 s).
+    fn rate(&mut self, key: &str, per_second: f64, burst: Option<NonZeroU32>) -> Option<Rate> {
+        if !(per_second.is_finite() && per_second > 0.0) {
+            self.problem(key, "must be > 0 (requests per second)");
+            return None;
+        }
+        if per_second > MAX_RATE_LIMIT_PER_S {
+            self.problem(key, format!("must be at most {MAX_RATE_LIMIT_PER_S}"));
+            return None;
+        }
+        Some(Rate {
+            interval: Duration::from_secs_f64(1.0 / per_second),
+            burst: burst?,
         })
     }
 

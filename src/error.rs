@@ -5,6 +5,8 @@
 //! and an RFC 9209 `Proxy-Status` header (standard, for HTTP tooling). Both are derived here from
 //! the error's variant, never from its message.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
@@ -12,6 +14,7 @@ use thiserror::Error;
 
 use crate::intercept::relay::OriginTlsFault;
 use crate::proxy::Body;
+use crate::ratelimit::Scope;
 use crate::session::SessionError;
 use crate::store::StoreError;
 use crate::upstream::UpstreamId;
@@ -19,6 +22,12 @@ use crate::upstream::connect::ConnectError;
 
 /// Name this gateway uses in `Proxy-Status`.
 pub const PROXY_NAME: &str = "poolgate";
+
+/// Whole seconds for `Retry-After`, rounded up: a client that waits that long finds the limit
+/// free again.
+fn retry_after_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
 
 #[derive(Debug, Error)]
 pub enum ProxyError {
@@ -60,6 +69,17 @@ pub enum ProxyError {
     PoolExhausted,
     #[error("no upstream of the pool is available")]
     NoUpstream,
+    /// A rate limit held the request past `queue_timeout` (or could not free up before it).
+    #[error(
+        "rate limited: {}{}",
+        scope.describe(),
+        retry_after.map(|d| format!("; retry after {}s", retry_after_secs(d))).unwrap_or_default()
+    )]
+    RateLimited {
+        scope: Scope,
+        /// When the limit is expected to let a request through, if known.
+        retry_after: Option<Duration>,
+    },
     #[error("the session's upstream {upstream} is unavailable")]
     SessionUpstreamUnavailable {
         upstream: UpstreamId,
@@ -157,6 +177,11 @@ impl ProxyError {
                 "pool-exhausted",
                 "connection_limit_reached",
             ),
+            RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate-limited",
+                "http_request_denied",
+            ),
             NoUpstream => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no-upstream-available",
@@ -245,6 +270,13 @@ impl ProxyError {
                 HeaderValue::from_static("Basic realm=\"poolgate\""),
             );
         }
+        if let ProxyError::RateLimited {
+            retry_after: Some(d),
+            ..
+        } = self
+        {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(*d)));
+        }
         match self {
             ProxyError::SessionUpstreamUnavailable { upstream, .. }
             | ProxyError::UpstreamConnect { upstream, .. }
@@ -274,6 +306,20 @@ mod tests {
         let ps = r.headers()["proxy-status"].to_str().unwrap();
         assert!(
             ps.starts_with("poolgate; error=connection_limit_reached; details=\""),
+            "{ps}"
+        );
+
+        let r = ProxyError::RateLimited {
+            scope: Scope::UpstreamTarget,
+            retry_after: Some(Duration::from_millis(1200)),
+        }
+        .to_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()["x-pool-error"], "rate-limited");
+        assert_eq!(r.headers()["retry-after"], "2");
+        let ps = r.headers()["proxy-status"].to_str().unwrap();
+        assert!(
+            ps.starts_with("poolgate; error=http_request_denied; details=\"rate limited: every eligible upstream is at its rate limit for this target; retry after 2s\""),
             "{ps}"
         );
 

@@ -21,6 +21,7 @@
 //!   [`proxy::pipe`] (the tunnel copy that knows who closed and who sent what).
 //! - [`pool`]: pools, [`pool::select`] (which upstream), [`pool::rendezvous`] (sticky placement),
 //!   [`pool::lease`].
+//! - [`ratelimit`]: per-instance rate limits per upstream, upstream × target and user.
 //! - [`store`]: the [`store::Store`] interface and its backends: [`store::memory`] (embedded)
 //!   and [`store::redis`] (shared by instances; one Lua script of `lua/` per decision).
 //! - [`upstream`]: upstream URLs and ids, [`upstream::connect`] (http/https/socks5/direct),
@@ -38,7 +39,7 @@
 //!
 //! # Request flow
 //! `server (limits) → proxy::handle (framing) → admit (client) → session → auth → admit
-//! (target) → pool::select → store::acquire → upstream::connect (resolved-address policy) →
+//! (target) → pool::select (ratelimit) → store::acquire → upstream::connect (resolved-address policy) →
 //! proxy::{forward | tunnel [→ intercept::relay]} → health::classify → store::release`
 
 #![forbid(unsafe_code)]
@@ -57,6 +58,7 @@ pub mod limits;
 pub mod pool;
 pub mod probe;
 pub mod proxy;
+pub mod ratelimit;
 pub mod reload;
 pub mod server;
 pub mod session;

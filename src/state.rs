@@ -63,4 +63,6 @@ pub struct Gateway {
     pub started: std::time::Instant,
     /// Distinguishes this instance in `/status` (and, with a shared store, among its peers).
     pub instance_id: String,
+    /// This instance's rate-limit buckets; they follow the live config by themselves.
+    pub ratelimits: crate::ratelimit::RateLimits,
 }

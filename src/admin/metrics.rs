@@ -16,6 +16,14 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::admin::status::Status;
+use crate::ratelimit::Scope;
+
+fn rate_labels(pool: &str, scope: Scope) -> RateLimitLabels {
+    RateLimitLabels {
+        pool: pool.to_string(),
+        scope: scope.as_str(),
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -49,6 +57,12 @@ struct TargetLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RateLimitLabels {
+    pool: String,
+    scope: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabels {
     kind: String,
 }
@@ -79,6 +93,8 @@ pub struct Metrics {
     uptime: Gauge,
     probe_results: Family<ProbeLabels, Gauge>,
     probe_incident: Family<PoolLabel, Gauge>,
+    rate_limited: Family<RateLimitLabels, Counter>,
+    rate_limit_waits: Family<RateLimitLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,6 +129,8 @@ impl Metrics {
             uptime: Gauge::default(),
             probe_results: Family::default(),
             probe_incident: Family::default(),
+            rate_limited: Family::default(),
+            rate_limit_waits: Family::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -192,6 +210,16 @@ impl Metrics {
                 m.probe_incident.clone(),
             );
             r.register(
+                "poolgate_rate_limited",
+                "Requests answered 429 rate-limited, by pool and the limit that stopped them",
+                m.rate_limited.clone(),
+            );
+            r.register(
+                "poolgate_rate_limit_waits",
+                "Requests that waited for a rate limit, by pool and limit",
+                m.rate_limit_waits.clone(),
+            );
+            r.register(
                 "poolgate_uptime_seconds",
                 "Seconds since start",
                 m.uptime.clone(),
@@ -214,6 +242,27 @@ impl Metrics {
                 pool: pool.to_string(),
             })
             .observe(latency_s);
+    }
+
+    /// Counts a request answered 429 `rate-limited` by `scope`'s limit.
+    pub fn rate_limit_rejected(&self, pool: &str, scope: Scope) {
+        self.rate_limited
+            .get_or_create(&rate_labels(pool, scope))
+            .inc();
+    }
+
+    /// Counts a request that had to wait for `scope`'s limit (once per request).
+    pub fn rate_limit_waited(&self, pool: &str, scope: Scope) {
+        self.rate_limit_waits
+            .get_or_create(&rate_labels(pool, scope))
+            .inc();
+    }
+
+    /// (rejected, waited) so far for `pool` and `scope`, for `/status`.
+    pub fn rate_limit_counts(&self, pool: &str, scope: Scope) -> (u64, u64) {
+        let labels = rate_labels(pool, scope);
+        let read = |f: &Family<RateLimitLabels, Counter>| f.get(&labels).map_or(0, |c| c.get());
+        (read(&self.rate_limited), read(&self.rate_limit_waits))
     }
 
     /// Refreshes the snapshot series from `status` and encodes everything.

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::health::engine::{MatrixRow, TargetIncident, UpstreamHealthView};
+use crate::ratelimit::RateLimitView;
 use crate::state::Gateway;
 use crate::store::{MemberStatus, Store};
 
@@ -45,6 +46,8 @@ pub struct PoolView {
     pub matrix: Vec<MatrixRow>,
     /// Active probing (`null` when the pool has no `[pools.*.probe]` section).
     pub probes: Option<crate::probe::prober::ProbeStatus>,
+    /// This instance's rate limits: configured rates, buckets held, rejections and waits.
+    pub rate_limit: RateLimitView,
 }
 
 #[derive(Serialize)]
@@ -126,6 +129,11 @@ pub async fn collect(gw: &Gateway) -> Status {
                 .probe
                 .as_ref()
                 .map(|_| gw.probes.status(pool.name()).unwrap_or_default()),
+            rate_limit: RateLimitView::new(
+                &pool.config.rate_limit,
+                gw.ratelimits.keys(pool.name()),
+                |scope| gw.metrics.rate_limit_counts(pool.name(), scope),
+            ),
         });
     }
     Status {

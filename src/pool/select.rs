@@ -1,6 +1,8 @@
 //! Choosing an upstream for one attempt: sticky or by strategy, waiting for capacity when every
-//! candidate is at its cap.
+//! candidate is at its cap and for rate limits ([`crate::ratelimit`]) when every candidate is
+//! at its limit.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,9 +11,10 @@ use tokio::time::Instant;
 use crate::error::ProxyError;
 use crate::health::Outcome;
 use crate::pool::{Lease, Pool};
+use crate::ratelimit::{Blocked, Refusal, Scope};
 use crate::session::SessionKey;
 use crate::state::Gateway;
-use crate::store::{Acquired, Store, Want};
+use crate::store::{Acquired, Grant, Store, Want};
 use crate::upstream::UpstreamId;
 
 /// How many members of a session's consistent-hash order are offered to the store; the store binds
@@ -22,8 +25,10 @@ const PREFERRED_CANDIDATES: usize = 4;
 pub struct Route {
     pub pool: Arc<Pool>,
     pub session: Option<SessionPlan>,
-    /// The target host, for per-target health.
+    /// The target host, for per-target health and rate limits.
     pub target_host: Arc<str>,
+    /// The authenticated client user, for the per-user rate limit.
+    pub user: Option<Arc<str>>,
 }
 
 pub struct SessionPlan {
@@ -34,7 +39,15 @@ pub struct SessionPlan {
 }
 
 /// Leases an upstream for `route`, skipping those already `tried`. Waits up to the pool's
-/// `queue_timeout` when every candidate is at its concurrency cap, woken by releases.
+/// `queue_timeout` when every candidate is at its concurrency cap (woken by releases) or at its
+/// rate limit (woken when the first bucket frees up).
+///
+/// Rate limits: upstreams known to refuse are excluded before the store is asked; a granted
+/// upstream whose bucket refuses after all is handed back at once as `cancelled` (which moves no
+/// health) and the store is asked again. A request that has to wait lines up behind those
+/// already waiting for the same target. A session never moves: it waits for its own upstream.
+/// Past the deadline, or when no bucket can free up before it, the answer is 429 `rate-limited`
+/// if rate limits stopped the request, 503 `pool-exhausted` if only capacity did.
 pub async fn acquire(
     gw: &Gateway,
     route: &Route,
@@ -43,15 +56,41 @@ pub async fn acquire(
     let pool = &route.pool;
     let deadline = Instant::now() + pool.config.queue_timeout;
     let signal = gw.store.release_signal(pool.name());
+    let limits = gw.ratelimits.pool(pool.name(), &pool.config.rate_limit);
+    let target = &route.target_host;
+    let sticky = route.session.is_some();
+    let mut waited = false;
+    // Held while waiting on this target's limits: first come, first served.
+    let mut queued = None;
+    if let (Some(l), false) = (&limits, sticky) {
+        if let Some(queue) = l.busy_queue(target) {
+            let blocked = l.blocked(target, Instant::now());
+            let scope = earliest(&blocked).map_or(Scope::UpstreamTarget, |r| r.scope);
+            gw.metrics.rate_limit_waited(pool.name(), scope);
+            waited = true;
+            queued = Some(line_up(gw, route, queue, deadline, scope).await?);
+        }
+    }
     loop {
         // Registered before asking, so a release between the answer and the wait is not missed.
         let notified = signal.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
 
+        let blocked = match (&limits, sticky) {
+            (Some(l), false) => l.blocked(target, Instant::now()),
+            _ => Vec::new(),
+        };
+        let exclude: Cow<'_, [UpstreamId]> = if blocked.is_empty() {
+            Cow::Borrowed(tried)
+        } else {
+            let mut ids = tried.to_vec();
+            ids.extend(blocked.iter().map(|b| b.upstream.clone()));
+            Cow::Owned(ids)
+        };
         let preferred;
         let want = match &route.session {
-            None => Want::Any { exclude: tried },
+            None => Want::Any { exclude: &exclude },
             Some(s) => {
                 preferred = pool
                     .placement
@@ -64,17 +103,16 @@ pub async fn acquire(
                 }
             }
         };
+        // What stops this round: the soonest-freed rate limit among the excluded, and capacity.
+        let mut limited = earliest(&blocked);
+        let mut at_capacity = false;
         match gw.store.acquire(pool.name(), want).await? {
             Acquired::Granted(grant) => {
-                // A member the store learnt of in a reload after this request took its pool
-                // snapshot is found in the current pool set.
-                let upstream = pool.upstream(&grant.upstream).cloned().or_else(|| {
-                    let pools = gw.pools.load();
-                    let current = pools.get(Some(pool.name())).ok()?;
-                    current.upstream(&grant.upstream).cloned()
-                });
-                let Some(upstream) = upstream else {
-                    // The store knows a member no config does.
+                let refused = limits
+                    .as_ref()
+                    .and_then(|l| l.check(&grant.upstream, target).err());
+                if let Some(refusal) = refused {
+                    // Not used: handed back as cancelled, which moves no health.
                     gw.store
                         .release(
                             pool.name(),
@@ -84,27 +122,152 @@ pub async fn acquire(
                             Duration::ZERO,
                         )
                         .await?;
-                    return Err(ProxyError::NoUpstream);
-                };
-                return Ok(Lease::new(
-                    gw,
-                    pool.clone(),
-                    grant,
-                    upstream,
-                    route.target_host.clone(),
-                ));
+                    if !sticky && Instant::now() < deadline {
+                        // Its hint now excludes it: ask for another upstream at once.
+                        continue;
+                    }
+                    limited = Some(refusal);
+                } else {
+                    return lease_for(gw, route, grant).await;
+                }
             }
-            Acquired::AtCapacity => {}
+            Acquired::AtCapacity => at_capacity = true,
             Acquired::SessionUnavailable(upstream) => {
                 return Err(ProxyError::SessionUpstreamUnavailable {
                     upstream,
                     cause: None,
                 });
             }
+            Acquired::NoCandidates if limited.is_some() => {}
             Acquired::NoCandidates => return Err(ProxyError::NoUpstream),
         }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            return Err(ProxyError::PoolExhausted);
+        let Some(refusal) = limited else {
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(ProxyError::PoolExhausted);
+            }
+            continue;
+        };
+        let now = Instant::now();
+        // No bucket frees up in time and no release can help: say so now rather than later.
+        if now >= deadline || (refusal.ready_at > deadline && !at_capacity) {
+            return Err(rejected(gw, route, refusal.scope, Some(refusal.ready_at)));
         }
+        if !waited {
+            gw.metrics.rate_limit_waited(pool.name(), refusal.scope);
+            waited = true;
+        }
+        if queued.is_none() && !sticky {
+            if let Some(l) = &limits {
+                let queue = l.queue(target);
+                queued = Some(line_up(gw, route, queue, deadline, refusal.scope).await?);
+                continue;
+            }
+        }
+        let wake = tokio::time::sleep_until(refusal.ready_at.min(deadline));
+        if at_capacity {
+            tokio::select! {
+                _ = wake => {}
+                _ = notified => {}
+            }
+        } else {
+            wake.await;
+        }
+    }
+}
+
+/// Waits for this request's turn among those waiting on the target's limits, up to `deadline`.
+async fn line_up(
+    gw: &Gateway,
+    route: &Route,
+    queue: Arc<tokio::sync::Mutex<()>>,
+    deadline: Instant,
+    scope: Scope,
+) -> Result<tokio::sync::OwnedMutexGuard<()>, ProxyError> {
+    tokio::time::timeout_at(deadline, queue.lock_owned())
+        .await
+        .map_err(|_| rejected(gw, route, scope, None))
+}
+
+/// The soonest-freed of the blocked upstreams.
+fn earliest(blocked: &[Blocked]) -> Option<Refusal> {
+    blocked.iter().map(|b| b.refusal).min_by_key(|r| r.ready_at)
+}
+
+/// Counts a 429 and builds it, with `Retry-After` when the bucket says when.
+fn rejected(gw: &Gateway, route: &Route, scope: Scope, ready_at: Option<Instant>) -> ProxyError {
+    gw.metrics.rate_limit_rejected(route.pool.name(), scope);
+    tracing::debug!(pool = route.pool.name(), target = %route.target_host, scope = scope.as_str(), "rate limited");
+    ProxyError::RateLimited {
+        scope,
+        retry_after: ready_at.map(|t| t.saturating_duration_since(Instant::now())),
+    }
+}
+
+/// The lease for a grant, with its upstream as configured.
+async fn lease_for(gw: &Gateway, route: &Route, grant: Grant) -> Result<Lease, ProxyError> {
+    let pool = &route.pool;
+    // A member the store learnt of in a reload after this request took its pool snapshot is
+    // found in the current pool set.
+    let upstream = pool.upstream(&grant.upstream).cloned().or_else(|| {
+        let pools = gw.pools.load();
+        let current = pools.get(Some(pool.name())).ok()?;
+        current.upstream(&grant.upstream).cloned()
+    });
+    let Some(upstream) = upstream else {
+        // The store knows a member no config does.
+        gw.store
+            .release(
+                pool.name(),
+                &grant.upstream,
+                grant.lease,
+                Outcome::Cancelled,
+                Duration::ZERO,
+            )
+            .await?;
+        return Err(ProxyError::NoUpstream);
+    };
+    Ok(Lease::new(
+        gw,
+        pool.clone(),
+        grant,
+        upstream,
+        route.target_host.clone(),
+    ))
+}
+
+/// The per-user rate limit, checked once per request before any upstream is asked for. Waits
+/// up to the pool's `queue_timeout` for the user's next turn; 429 `rate-limited` past it, or at
+/// once when the turn comes later than that.
+pub async fn admit_user(gw: &Gateway, route: &Route) -> Result<(), ProxyError> {
+    let Some(user) = &route.user else {
+        return Ok(());
+    };
+    let rate = gw
+        .live
+        .load()
+        .auth
+        .users
+        .get(&**user)
+        .and_then(|u| u.rate_limit);
+    let Some(rate) = rate else {
+        return Ok(());
+    };
+    let limiter = gw.ratelimits.user(user, rate);
+    let deadline = Instant::now() + route.pool.config.queue_timeout;
+    let mut waited = false;
+    // Each turn either passes or sleeps until a strictly later instant, and ends by the deadline.
+    loop {
+        let ready_at = match limiter.check() {
+            Ok(()) => return Ok(()),
+            Err(at) => at,
+        };
+        if ready_at > deadline {
+            return Err(rejected(gw, route, Scope::User, Some(ready_at)));
+        }
+        if !waited {
+            gw.metrics.rate_limit_waited(route.pool.name(), Scope::User);
+            waited = true;
+        }
+        tokio::time::sleep_until(ready_at).await;
     }
 }

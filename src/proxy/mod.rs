@@ -97,6 +97,11 @@ pub async fn route(
             ProxyError::BadSessionHeader(e)
         }
     })?;
+    let user_name: Option<Arc<str>> = live
+        .auth
+        .required()
+        .then(|| ask.user.as_deref().map(Arc::from))
+        .flatten();
     let user = if live.auth.required() {
         let user = gw
             .auth
@@ -141,6 +146,7 @@ pub async fn route(
         pool,
         session,
         target_host: Arc::from(target.host.as_str()),
+        user: user_name,
     })
 }
 
@@ -156,6 +162,8 @@ where
     F: FnMut(Arc<Upstream>) -> Fut,
     Fut: Future<Output = Result<T, ConnectError>>,
 {
+    // Once per request (a CONNECT tunnel is one request), not once per attempt.
+    select::admit_user(gw, route).await?;
     let mut tried: Vec<UpstreamId> = Vec::new();
     let mut last: Option<(UpstreamId, ConnectError)> = None;
     for _ in 0..=route.pool.config.retries {
