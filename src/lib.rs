@@ -29,6 +29,9 @@
 //! - [`health`]: [`health::classify`] (outcomes, captcha sniffing), [`health::state`] (the
 //!   per-upstream state machine), [`health::blame`] (per-target stats, incidents),
 //!   [`health::engine`] (per pool: guards and allocator changes).
+//! - [`probe`]: active probes: [`probe::check`] (one request to a control target through an
+//!   upstream), [`probe::prober`] (the background scheduler: recovery, idle and dead upstreams,
+//!   probe incidents, one prober per pool across instances).
 //! - [`admin`]: `/status`, `/metrics`, `/dashboard`, `/healthz`, `/readyz`, admin actions, and
 //!   the `poolgate status` client.
 //! - [`intercept`]: opt-in TLS interception on CONNECT: [`intercept::ca`] (the CA),
@@ -41,6 +44,9 @@
 //! `server (limits) → proxy::handle (framing) → admit (client) → session → auth → admit
 //! (target) → pool::select (ratelimit) → store::acquire → upstream::connect (resolved-address policy) →
 //! proxy::{forward | tunnel [→ intercept::relay]} → health::classify → store::release`
+//!
+//! Background tasks (each cancelled on shutdown): the health tick (cool-downs), the prober, the
+//! mirror of other instances' member settings, and the idle-connection sweeper.
 
 #![forbid(unsafe_code)]
 
