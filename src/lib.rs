@@ -29,7 +29,7 @@
 //! - [`health`]: [`health::classify`] (outcomes, captcha sniffing), [`health::state`] (the
 //!   per-upstream state machine), [`health::blame`] (per-target stats, incidents),
 //!   [`health::engine`] (per pool: guards and allocator changes).
-//! - [`probe`]: active probes: [`probe::check`] (one request to a control target through an
+//! - [`probe`]: active probes: [`mod@probe::check`] (one request to a control target through an
 //!   upstream), [`probe::prober`] (the background scheduler: recovery, idle and dead upstreams,
 //!   probe incidents, one prober per pool across instances).
 //! - [`admin`]: `/status`, `/metrics`, `/dashboard`, `/healthz`, `/readyz`, admin actions, and
