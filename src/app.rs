@@ -150,7 +150,9 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         ),
     };
     let health = health::Registry::default();
-    let pools = PoolSet::from_config(&config, &health);
+    let sources = crate::sources::Registry::default();
+    sources.preload(&config);
+    let pools = PoolSet::from_config(&config, &health, &sources);
     for pool in pools.iter() {
         store
             .configure(pool.spec())
@@ -187,6 +189,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         pools: ArcSwap::from_pointee(pools),
         store: Arc::new(store),
         health,
+        sources,
         probes: Default::default(),
         captcha: CaptchaRules::new(&config.captcha),
         metrics: Arc::new(Metrics::new()),
@@ -239,7 +242,8 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             connector: gw.connector.clone(),
         })
     });
-    listeners.spawn(crate::probe::prober::run(gw.clone(), runner));
+    listeners.spawn(crate::probe::prober::run(gw.clone(), runner.clone()));
+    listeners.spawn(crate::sources::run(gw.clone(), runner));
     listeners.spawn(mirror_member_changes(gw.clone()));
     let sweeper = gw.clone();
     listeners.spawn(async move {

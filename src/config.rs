@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::intercept::{self, HostPattern, InterceptConfig};
-use crate::upstream::Upstream;
+use crate::upstream::{Scheme, Upstream};
 
 pub const DEFAULT_PROXY_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
@@ -54,6 +54,10 @@ pub const MAX_SESSION_TTL_MS: u64 = 24 * 3_600_000;
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10 * 60_000;
 pub const MIN_LEASE_TTL_MS: u64 = 1_000;
 pub const DEFAULT_RETRIES: u32 = 2;
+/// How often `upstreams_url` is fetched again.
+pub const DEFAULT_UPSTREAMS_URL_INTERVAL_MS: u64 = 10 * 60_000;
+/// Fetching a list more often than this is hammering its provider.
+pub const MIN_UPSTREAMS_URL_INTERVAL_MS: u64 = 10_000;
 pub const MAX_RETRIES: u32 = 10;
 /// Highest rate limit accepted (requests per second); one request per microsecond.
 pub const MAX_RATE_LIMIT_PER_S: f64 = 1_000_000.0;
@@ -196,6 +200,9 @@ struct FileUpstreamTls {
 struct FilePool {
     upstreams: Option<Vec<String>>,
     upstreams_file: Option<PathBuf>,
+    upstreams_url: Option<String>,
+    upstreams_url_interval: Option<String>,
+    admission: Option<FileAdmission>,
     strategy: Option<String>,
     max_concurrency: Option<u32>,
     queue_timeout: Option<String>,
@@ -209,6 +216,14 @@ struct FilePool {
     health: FileHealth,
     probe: Option<FileProbe>,
     rate_limit: Option<FileRateLimit>,
+}
+
+/// `[pools.<name>.admission]`: what a candidate from an upstream list must be to join.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileAdmission {
+    schemes: Option<Vec<String>>,
+    max_latency: Option<String>,
 }
 
 /// `[pools.<name>.probe]`: active checks through the pool's upstreams.
@@ -595,10 +610,40 @@ impl Strategy {
     }
 }
 
+/// Upstream lists that change while the gateway runs (see [`crate::sources`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SourcesConfig {
+    /// One upstream URL a line, re-read when it changes.
+    pub file: Option<PathBuf>,
+    /// A list fetched every `url_interval` (`http://` or `https://`).
+    pub url: Option<http::Uri>,
+    pub url_interval: Duration,
+    pub admission: AdmissionConfig,
+}
+
+impl SourcesConfig {
+    pub fn is_empty(&self) -> bool {
+        self.file.is_none() && self.url.is_none()
+    }
+}
+
+/// What a candidate from an upstream list must be to join the pool, besides passing the
+/// pool's probe (its expected answer) when the pool probes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AdmissionConfig {
+    /// Schemes a listed upstream may have; `direct://` is never taken from a list.
+    pub schemes: Vec<Scheme>,
+    /// A candidate whose probe answered slower than this is refused.
+    pub max_latency: Option<Duration>,
+}
+
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
     pub name: String,
+    /// The upstreams listed inline (`upstreams = [...]`): members from the start. Members that
+    /// come from [`PoolConfig::sources`] are added to these at run time ([`crate::pool::Pool`]).
     pub upstreams: Vec<Upstream>,
+    pub sources: SourcesConfig,
     pub strategy: Strategy,
     /// Live leases allowed per upstream across all instances; `None` is unlimited.
     pub max_concurrency: Option<NonZeroU32>,
@@ -1200,36 +1245,18 @@ impl Validator {
                 Err(e) => self.problem(&format!("pools.{name}.upstreams[{i}]"), e),
             }
         }
-        if let Some(file) = &p.upstreams_file {
-            let path = self.path(file);
-            match std::fs::read_to_string(&path) {
-                Ok(text) => {
-                    for (lineno, line) in text.lines().enumerate() {
-                        // A line is a URL (whose own `#` names its id) optionally followed by
-                        // whitespace and a comment; a line starting with `#` is a comment.
-                        let Some(line) = line.split_whitespace().next() else {
-                            continue;
-                        };
-                        if line.starts_with('#') {
-                            continue;
-                        }
-                        match Upstream::parse(line) {
-                            Ok(u) => upstreams.push(u),
-                            Err(e) => self.problem(
-                                &key("upstreams_file"),
-                                format!("{} line {}: {e}", path.display(), lineno + 1),
-                            ),
-                        }
-                    }
-                }
-                Err(e) => self.problem(
-                    &key("upstreams_file"),
-                    format!("cannot read {}: {e}", path.display()),
-                ),
-            }
+        let sources = self.sources(name, &p);
+        if upstreams.is_empty() && sources.is_empty() {
+            self.problem(
+                &key("upstreams"),
+                "a pool needs at least one upstream (or upstreams_file / upstreams_url)",
+            );
         }
-        if upstreams.is_empty() && p.upstreams_file.is_none() {
-            self.problem(&key("upstreams"), "a pool needs at least one upstream");
+        if sources.url.is_some() && p.probe.is_none() {
+            self.problem(
+                &key("upstreams_url"),
+                format!("candidates from a list are admitted by probing them: add [pools.{name}.probe] with control targets"),
+            );
         }
         let mut seen = std::collections::HashSet::new();
         for u in &upstreams {
@@ -1244,11 +1271,12 @@ impl Validator {
             "least-used" => Strategy::LeastUsed,
             "least-connections" => Strategy::LeastConnections,
             "round-robin" => Strategy::RoundRobin,
+            "weighted" => Strategy::Weighted,
             other => {
                 self.problem(
                     &key("strategy"),
                     format!(
-                        "`{other}` is not a strategy (least-used, least-connections, round-robin)"
+                        "`{other}` is not a strategy (least-used, least-connections, round-robin, weighted)"
                     ),
                 );
                 Strategy::LeastUsed
@@ -1301,6 +1329,7 @@ impl Validator {
         Some(PoolConfig {
             name: name.to_string(),
             upstreams,
+            sources,
             strategy,
             max_concurrency,
             queue_timeout: self.duration(
@@ -1323,6 +1352,95 @@ impl Validator {
                 .map(|r| self.rate_limit(&format!("pools.{name}.rate_limit"), r))
                 .unwrap_or_default(),
         })
+    }
+
+    /// `upstreams_file`, `upstreams_url` and `[pools.<name>.admission]`. The file must be readable
+    /// now (a wrong path is a typo to report at once); its lines are read by the sources task,
+    /// which skips a malformed one with a warning rather than refusing the whole list.
+    fn sources(&mut self, name: &str, p: &FilePool) -> SourcesConfig {
+        let key = |k: &str| format!("pools.{name}.{k}");
+        let file = p.upstreams_file.as_deref().map(|f| self.path(f));
+        if let Some(path) = &file {
+            if let Err(e) = std::fs::read_to_string(path) {
+                self.problem(
+                    &key("upstreams_file"),
+                    format!("cannot read {}: {e}", path.display()),
+                );
+            }
+        }
+        let url = p
+            .upstreams_url
+            .as_deref()
+            .and_then(|u| match u.parse::<http::Uri>() {
+                Ok(uri)
+                    if matches!(uri.scheme_str(), Some("http" | "https"))
+                        && uri.host().is_some() =>
+                {
+                    Some(uri)
+                }
+                _ => {
+                    self.problem(
+                        &key("upstreams_url"),
+                        "must be an http:// or https:// URL with a host",
+                    );
+                    None
+                }
+            });
+        let url_interval = self.duration(
+            &key("upstreams_url_interval"),
+            p.upstreams_url_interval.as_deref(),
+            DEFAULT_UPSTREAMS_URL_INTERVAL_MS,
+        );
+        if url_interval < Duration::from_millis(MIN_UPSTREAMS_URL_INTERVAL_MS) {
+            self.problem(&key("upstreams_url_interval"), "must be at least 10s");
+        }
+        if p.upstreams_url_interval.is_some() && p.upstreams_url.is_none() {
+            self.problem(&key("upstreams_url_interval"), "set upstreams_url too");
+        }
+        let a = p.admission.as_ref();
+        let mut schemes = Vec::new();
+        match a.and_then(|a| a.schemes.as_ref()) {
+            None => schemes.extend([Scheme::Http, Scheme::Https, Scheme::Socks5, Scheme::Socks5h]),
+            Some(list) => {
+                for (i, s) in list.iter().enumerate() {
+                    let k = format!("pools.{name}.admission.schemes[{i}]");
+                    match s.as_str() {
+                        "http" => schemes.push(Scheme::Http),
+                        "https" => schemes.push(Scheme::Https),
+                        "socks5" => schemes.push(Scheme::Socks5),
+                        "socks5h" => schemes.push(Scheme::Socks5h),
+                        "direct" => self.problem(
+                            &k,
+                            "direct egress is never taken from a list; put direct:// in upstreams",
+                        ),
+                        other => self.problem(
+                            &k,
+                            format!(
+                                "`{other}` is not a proxy scheme (http, https, socks5, socks5h)"
+                            ),
+                        ),
+                    }
+                }
+                if list.is_empty() {
+                    self.problem(
+                        &format!("pools.{name}.admission.schemes"),
+                        "name at least one scheme",
+                    );
+                }
+            }
+        }
+        let max_latency = a
+            .and_then(|a| a.max_latency.as_deref())
+            .map(|v| self.duration(&format!("pools.{name}.admission.max_latency"), Some(v), 0));
+        SourcesConfig {
+            file,
+            url,
+            url_interval,
+            admission: AdmissionConfig {
+                schemes,
+                max_latency,
+            },
+        }
     }
 
     /// `[pools.<name>.rate_limit]`: at least one limit; `burst` applies to both.
@@ -1760,19 +1878,70 @@ queue_timeout = "soon"
     }
 
     #[test]
-    fn upstreams_file_skips_comments_and_names_bad_lines() {
+    fn sources_are_validated_with_keys_named() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("ups.txt"),
-            "# comment\nhttp://127.0.0.1:3128#a\n\nbogus\n",
-        )
-        .unwrap();
         let text = "[pools.default]\nupstreams_file = \"ups.txt\"\n";
         let err = Config::parse(text, "t", Some(dir.path())).unwrap_err();
-        assert!(err.problems[0].contains("line 4"), "{:?}", err.problems);
-        std::fs::write(dir.path().join("ups.txt"), "# c\nhttp://127.0.0.1:3128#a\n").unwrap();
+        assert!(
+            err.problems[0].starts_with("pools.default.upstreams_file")
+                && err.problems[0].contains("cannot read"),
+            "{:?}",
+            err.problems
+        );
+        // Lines are the sources task's business: a bad one does not refuse the config.
+        std::fs::write(
+            dir.path().join("ups.txt"),
+            "# c\nbogus\nhttp://127.0.0.1:3128#a\n",
+        )
+        .unwrap();
         let c = Config::parse(text, "t", Some(dir.path())).unwrap();
-        assert_eq!(c.pool("default").unwrap().upstreams[0].id.as_str(), "a");
+        let pool = c.pool("default").unwrap();
+        assert!(pool.upstreams.is_empty());
+        assert_eq!(
+            pool.sources.file.as_deref(),
+            Some(dir.path().join("ups.txt").as_path())
+        );
+        assert_eq!(pool.sources.admission.schemes.len(), 4);
+
+        let p = problems(
+            "[pools.default]\nupstreams_url = \"ftp://lists.example/p.txt\"\nupstreams_url_interval = \"1s\"\n[pools.default.admission]\nschemes = [\"direct\", \"gopher\"]\nmax_latency = \"soon\"\n",
+        );
+        for key in [
+            "pools.default.upstreams_url:",
+            "pools.default.upstreams_url_interval:",
+            "pools.default.admission.schemes[0]:",
+            "pools.default.admission.schemes[1]:",
+            "pools.default.admission.max_latency:",
+        ] {
+            assert!(p.iter().any(|m| m.starts_with(key)), "{key} in {p:?}");
+        }
+        let p = problems("[pools.default]\nupstreams_url = \"https://lists.example/p.txt\"\n");
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with("pools.default.upstreams_url:") && m.contains("probe")),
+            "{p:?}"
+        );
+        let ok = Config::parse(
+            "[pools.default]\nupstreams_url = \"https://lists.example/p.txt\"\n[pools.default.probe]\ntargets = [\"http://a.example/\"]\n[pools.default.admission]\nschemes = [\"socks5\"]\nmax_latency = \"2s\"\n",
+            "t",
+            None,
+        )
+        .unwrap();
+        let s = &ok.pools["default"].sources;
+        assert_eq!(s.url_interval, Duration::from_secs(600));
+        assert_eq!(s.admission.schemes, vec![Scheme::Socks5]);
+        assert_eq!(s.admission.max_latency, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn weighted_is_a_strategy() {
+        let c = Config::parse(
+            "[pools.default]\nupstreams = [\"direct://\"]\nstrategy = \"weighted\"\n",
+            "t",
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.pools["default"].strategy, Strategy::Weighted);
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub mod reload;
 pub mod server;
 pub mod session;
 pub mod shutdown;
+pub mod sources;
 pub mod state;
 pub mod store;
 pub mod target;

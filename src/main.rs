@@ -77,11 +77,17 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => match Config::load(&cli.config) {
             Ok(c) => {
+                let lists = c.pools.values().filter(|p| !p.sources.is_empty()).count();
                 println!(
-                    "{}: ok ({} pool(s), {} upstream(s))",
+                    "{}: ok ({} pool(s), {} inline upstream(s){})",
                     cli.config.display(),
                     c.pools.len(),
-                    c.pools.values().map(|p| p.upstreams.len()).sum::<usize>()
+                    c.pools.values().map(|p| p.upstreams.len()).sum::<usize>(),
+                    if lists > 0 {
+                        format!(", {lists} pool(s) with upstream lists read at run time")
+                    } else {
+                        String::new()
+                    }
                 );
                 ExitCode::SUCCESS
             }

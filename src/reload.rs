@@ -127,22 +127,20 @@ pub async fn apply(gw: &Gateway, new: Config) -> Result<ReloadSummary, ReloadErr
         return Err(ReloadError::Fixed(fixed));
     }
     let old_pools = gw.pools.load_full();
-    let pools = PoolSet::after_reload(&new, &old_pools, &gw.health);
-    let mut before = std::collections::BTreeSet::new();
-    for p in old_pools.iter() {
-        before.extend(p.config.upstreams.iter().map(|u| u.id.to_string()));
-    }
-    let mut after = std::collections::BTreeSet::new();
-    for p in pools.iter() {
-        after.extend(p.config.upstreams.iter().map(|u| u.id.to_string()));
-    }
-    // The pool set first, then the store: a grant for a member the store learns of now is then
-    // always found by id (see `select::acquire`), and a removed member stays findable.
-    let specs: Vec<_> = pools.iter().map(|p| p.spec()).collect();
-    gw.pools.store(Arc::new(pools));
-    for spec in specs {
-        gw.store.configure(spec).await?;
-    }
+    let pools = PoolSet::after_reload(&new, &old_pools, &gw.health, &gw.sources);
+    let member_ids = |set: &PoolSet| {
+        set.iter()
+            .flat_map(|p| {
+                p.members()
+                    .iter()
+                    .map(|id| id.to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let (before, after) = (member_ids(&old_pools), member_ids(&pools));
+    let upstreams = pools.iter().map(|p| p.members().len()).sum();
+    swap_pools(gw, &old_pools, pools, true).await?;
     let own = gw.policy.load().own.clone();
     gw.policy
         .store(Arc::new(TargetPolicy::new(new.policy.clone(), own)));
@@ -152,7 +150,7 @@ pub async fn apply(gw: &Gateway, new: Config) -> Result<ReloadSummary, ReloadErr
     let summary = ReloadSummary {
         generation: log.generation + 1,
         pools: new.pools.len(),
-        upstreams: new.pools.values().map(|p| p.upstreams.len()).sum(),
+        upstreams,
         upstreams_added: after.difference(&before).cloned().collect(),
         upstreams_removed: before.difference(&after).cloned().collect(),
     };
@@ -161,6 +159,41 @@ pub async fn apply(gw: &Gateway, new: Config) -> Result<ReloadSummary, ReloadErr
     log.reloads_ok += 1;
     log.last_error = None;
     Ok(summary)
+}
+
+/// Rebuilds the pools of the running config with the members their lists contribute now
+/// ([`crate::sources`]); the store learns of the pools whose membership changed.
+pub async fn refresh_members(gw: &Gateway) -> Result<(), StoreError> {
+    let _serial = gw.reloads.lock().await;
+    let old = gw.pools.load_full();
+    let pools = PoolSet::after_reload(&gw.live.load(), &old, &gw.health, &gw.sources);
+    swap_pools(gw, &old, pools, false).await
+}
+
+/// Puts `pools` in force. The pool set first, then the store: a grant for a member the store
+/// learns of now is then always found by id (see `select::acquire`), and a removed member stays
+/// findable. With `all`, every pool is declared to the store again (a reload may change any
+/// setting); otherwise only those whose members changed.
+async fn swap_pools(
+    gw: &Gateway,
+    old: &PoolSet,
+    pools: PoolSet,
+    all: bool,
+) -> Result<(), StoreError> {
+    let specs: Vec<_> = pools
+        .iter()
+        .filter(|p| {
+            all || old
+                .get(Some(p.name()))
+                .map_or(true, |o| o.members() != p.members())
+        })
+        .map(|p| p.spec())
+        .collect();
+    gw.pools.store(Arc::new(pools));
+    for spec in specs {
+        gw.store.configure(spec).await?;
+    }
+    Ok(())
 }
 
 /// `POST /admin/reload`, authorised by `Authorization: Bearer <server.admin_token>`.

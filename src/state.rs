@@ -46,6 +46,8 @@ pub struct Gateway {
     pub store: Arc<AnyStore>,
     /// Every pool's passive health.
     pub health: health::Registry,
+    /// Members admitted from every pool's upstream lists, and the lists' status.
+    pub sources: crate::sources::Registry,
     /// Every probing pool's probe status.
     pub probes: crate::probe::prober::Registry,
     /// Captcha and block detection for responses.

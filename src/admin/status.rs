@@ -48,6 +48,8 @@ pub struct PoolView {
     pub probes: Option<crate::probe::prober::ProbeStatus>,
     /// This instance's rate limits: configured rates, buckets held, rejections and waits.
     pub rate_limit: RateLimitView,
+    /// Upstream lists and admission (`null` when the pool has no `upstreams_file`/`upstreams_url`).
+    pub sources: Option<crate::sources::SourceStatus>,
 }
 
 #[derive(Serialize)]
@@ -110,7 +112,7 @@ pub async fn collect(gw: &Gateway) -> Status {
             default: pool.name() == gw.live.load().default_pool,
             strategy: pool.config.strategy.as_str(),
             max_concurrency: pool.config.max_concurrency.map(|n| n.get()),
-            upstreams_total: pool.config.upstreams.len(),
+            upstreams_total: pool.members().len(),
             sessions_live: st.sessions_live,
             leases_live: upstreams.iter().map(|u| u.stats.leases_live).sum(),
             counts_by_state: hv.counts_by_state,
@@ -134,6 +136,8 @@ pub async fn collect(gw: &Gateway) -> Status {
                 gw.ratelimits.keys(pool.name()),
                 |scope| gw.metrics.rate_limit_counts(pool.name(), scope),
             ),
+            sources: (!pool.config.sources.is_empty())
+                .then(|| gw.sources.status(pool.name()).unwrap_or_default()),
         });
     }
     Status {

@@ -17,6 +17,7 @@ pub use engine::{Change, PoolHealth};
 
 use crate::config::PoolConfig;
 use crate::store::Store;
+use crate::upstream::UpstreamId;
 
 /// Every pool's health, kept across config reloads (a pool's engine is reconfigured, not rebuilt).
 #[derive(Default)]
@@ -25,11 +26,11 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn pool(&self, cfg: &PoolConfig) -> Arc<PoolHealth> {
-        let members: Vec<_> = cfg.upstreams.iter().map(|u| u.id.clone()).collect();
+    /// The pool's health engine with `members` as its membership (created on first use).
+    pub fn pool(&self, cfg: &PoolConfig, members: &[UpstreamId]) -> Arc<PoolHealth> {
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         if let Some(h) = pools.get(&cfg.name) {
-            h.reconfigure(cfg.health.clone(), cfg.strategy, &members);
+            h.reconfigure(cfg.health.clone(), cfg.strategy, members);
             h.set_probing(cfg.probe.is_some());
             return h.clone();
         }
@@ -37,7 +38,7 @@ impl Registry {
             &cfg.name,
             cfg.health.clone(),
             cfg.strategy,
-            &members,
+            members,
         ));
         h.set_probing(cfg.probe.is_some());
         pools.insert(cfg.name.clone(), h.clone());

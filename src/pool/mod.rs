@@ -20,6 +20,10 @@ pub use rendezvous::Rendezvous;
 #[derive(Debug)]
 pub struct Pool {
     pub config: PoolConfig,
+    /// The members: the inline upstreams, then those admitted from the pool's lists.
+    members: Vec<UpstreamId>,
+    /// Every upstream findable by id: the members, and (after a membership change) those that
+    /// left, for the leases that still hold them.
     upstreams: HashMap<UpstreamId, Arc<Upstream>>,
     /// Sticky placement over the pool's members.
     pub placement: Rendezvous,
@@ -28,15 +32,22 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(config: PoolConfig, health: Arc<PoolHealth>) -> Self {
-        let ids: Vec<UpstreamId> = config.upstreams.iter().map(|u| u.id.clone()).collect();
+    /// A pool of `config`'s inline upstreams and `listed` (admitted from its lists; an id that
+    /// is also inline is the inline one).
+    pub fn new(config: PoolConfig, listed: Vec<Upstream>, health: &health::Registry) -> Self {
+        let mut upstreams = HashMap::new();
+        let mut members = Vec::new();
+        for u in config.upstreams.iter().cloned().chain(listed) {
+            if !upstreams.contains_key(&u.id) {
+                members.push(u.id.clone());
+                upstreams.insert(u.id.clone(), Arc::new(u));
+            }
+        }
+        let health = health.pool(&config, &members);
         Pool {
-            upstreams: config
-                .upstreams
-                .iter()
-                .map(|u| (u.id.clone(), Arc::new(u.clone())))
-                .collect(),
-            placement: Rendezvous::new(&ids),
+            placement: Rendezvous::new(&members),
+            members,
+            upstreams,
             health,
             config,
         }
@@ -50,11 +61,16 @@ impl Pool {
         self.upstreams.get(id)
     }
 
+    /// The current members, inline ones first.
+    pub fn members(&self) -> &[UpstreamId] {
+        &self.members
+    }
+
     /// What the store needs to allocate from this pool.
     pub fn spec(&self) -> PoolSpec {
         PoolSpec {
             name: self.config.name.clone(),
-            members: self.config.upstreams.iter().map(|u| u.id.clone()).collect(),
+            members: self.members.clone(),
             strategy: self.config.strategy,
             max_concurrency: self.config.max_concurrency.map(|n| n.get()),
             lease_ttl: self.config.lease_ttl,
@@ -70,39 +86,47 @@ pub struct PoolSet {
 }
 
 impl PoolSet {
-    pub fn from_config(config: &Config, health: &health::Registry) -> Self {
+    /// The pools of `config`, each with the members its lists contribute now.
+    pub fn from_config(
+        config: &Config,
+        health: &health::Registry,
+        sources: &crate::sources::Registry,
+    ) -> Self {
         PoolSet {
             pools: config
                 .pools
                 .values()
                 .map(|p| {
-                    (
-                        p.name.clone(),
-                        Arc::new(Pool::new(p.clone(), health.pool(p))),
-                    )
+                    let pool = Pool::new(p.clone(), sources.admitted(&p.name), health);
+                    (p.name.clone(), Arc::new(pool))
                 })
                 .collect(),
             default: config.default_pool.clone(),
         }
     }
 
-    /// The pools of a reloaded config. Upstreams that left a pool stay findable by id (not
-    /// selectable: the store no longer offers them), so leases and grants that raced the reload
-    /// still find their upstream.
-    pub fn after_reload(config: &Config, old: &PoolSet, health: &health::Registry) -> Self {
-        let mut set = Self::from_config(config, health);
+    /// The pools after a reload or a membership change. Upstreams that left a pool stay
+    /// findable by id (not selectable: the store no longer offers them), so leases and grants
+    /// that raced the change still find their upstream.
+    pub fn after_reload(
+        config: &Config,
+        old: &PoolSet,
+        health: &health::Registry,
+        sources: &crate::sources::Registry,
+    ) -> Self {
+        let mut set = Self::from_config(config, health, sources);
         for (name, pool) in set.pools.iter_mut() {
             let Some(old_pool) = old.pools.get(name) else {
                 continue;
             };
-            let mut merged = Pool::new(pool.config.clone(), pool.health.clone());
-            for up in &old_pool.config.upstreams {
-                merged
-                    .upstreams
-                    .entry(up.id.clone())
-                    .or_insert_with(|| Arc::new(up.clone()));
+            let Some(p) = Arc::get_mut(pool) else {
+                continue;
+            };
+            for id in old_pool.members() {
+                if let Some(up) = old_pool.upstream(id) {
+                    p.upstreams.entry(id.clone()).or_insert_with(|| up.clone());
+                }
             }
-            *pool = Arc::new(merged);
         }
         set
     }

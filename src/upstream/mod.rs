@@ -99,7 +99,7 @@ impl Credentials {
 }
 
 /// One configured upstream.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Upstream {
     pub id: UpstreamId,
     pub scheme: Scheme,

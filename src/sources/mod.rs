@@ -1,0 +1,572 @@
+//! Upstream lists that change while the gateway runs: `upstreams_file` (re-read when it
+//! changes) and `upstreams_url` (fetched every `upstreams_url_interval`).
+//!
+//! A listed upstream is a *candidate*. It joins the pool when it passes admission: its scheme is
+//! one of `[pools.*.admission] schemes`, and — when the pool probes — a probe through it reaches
+//! a control target with the expected answer within the latency ceiling. Without a probe
+//! section (allowed for files only) a listed upstream joins on sight. A candidate that fails is
+//! tried again after the probe's `dead_interval`, or as soon as its line changes.
+//!
+//! An upstream no longer listed leaves the pool the way a reload removes one: no new leases,
+//! live ones finish, its sessions follow the session rules (502 `session-upstream-unavailable`,
+//! or a rebind with `rebind_on_failure`). A malformed line is skipped with one warning naming
+//! the line; a list that cannot be read or fetched keeps the members it gave before.
+//!
+//! With a shared store, a pool's `upstreams_url` is fetched and its candidates probed by one
+//! instance at a time, the holder of the job lock `sources:<pool>`.
+
+pub mod fetch;
+pub mod list;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+
+use crate::config::{PoolConfig, SourcesConfig};
+use crate::probe::prober::Runner;
+use crate::state::Gateway;
+use crate::store::{LockToken, Store};
+use crate::upstream::{Upstream, UpstreamId};
+
+/// How often a list file's modification time and size are looked at.
+pub const FILE_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Bound on one fetch of `upstreams_url`.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// After a failed fetch, the next try comes this soon (or at the interval, if sooner).
+const FETCH_RETRY: Duration = Duration::from_secs(30);
+/// How long the `sources:<pool>` lock lives without renewal; renewed on every loop turn.
+const LOCK_TTL: Duration = Duration::from_secs(10);
+/// Rejections shown in `/status` per pool (the most recent).
+const MAX_REJECTIONS_SHOWN: usize = 20;
+
+/// What `/status` shows of a pool's upstream lists.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SourceStatus {
+    /// The list file, as configured.
+    pub file: Option<String>,
+    /// The list URL without user info or query.
+    pub url: Option<String>,
+    /// Well-formed entries in the lists (inline upstreams not counted).
+    pub listed: usize,
+    /// Listed upstreams that passed admission and are members.
+    pub admitted: usize,
+    /// Candidates whose admission probe is under way.
+    pub probing: usize,
+    /// Candidates refused (wrong scheme, failed probe, too slow).
+    pub rejected: usize,
+    /// Lines skipped as malformed at the last read of each list.
+    pub skipped_lines: usize,
+    pub fetches_ok: u64,
+    pub fetches_failed: u64,
+    /// Why the last fetch or read failed (cleared by a good one).
+    pub last_error: Option<String>,
+    /// The most recent rejections: upstream id and reason (credential-free).
+    pub rejections: Vec<Rejection>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Rejection {
+    pub upstream: String,
+    pub reason: String,
+}
+
+/// Every pool's admitted list members and source status; read when pools are (re)built.
+#[derive(Default)]
+pub struct Registry {
+    pools: Mutex<HashMap<String, PoolEntry>>,
+}
+
+#[derive(Default)]
+struct PoolEntry {
+    admitted: Vec<Upstream>,
+    status: SourceStatus,
+}
+
+impl Registry {
+    /// The members the pool's lists contribute, in list order.
+    pub fn admitted(&self, pool: &str) -> Vec<Upstream> {
+        lock(&self.pools)
+            .get(pool)
+            .map(|p| p.admitted.clone())
+            .unwrap_or_default()
+    }
+
+    /// The pool's source status; `None` when it has no lists.
+    pub fn status(&self, pool: &str) -> Option<SourceStatus> {
+        lock(&self.pools).get(pool).map(|p| p.status.clone())
+    }
+
+    /// Replaces the pool's admitted members; true when they changed.
+    fn set_admitted(&self, pool: &str, admitted: Vec<Upstream>) -> bool {
+        let mut pools = lock(&self.pools);
+        let entry = pools.entry(pool.to_string()).or_default();
+        if entry.admitted == admitted {
+            return false;
+        }
+        entry.admitted = admitted;
+        true
+    }
+
+    fn update_status(&self, pool: &str, f: impl FnOnce(&mut SourceStatus)) {
+        f(&mut lock(&self.pools)
+            .entry(pool.to_string())
+            .or_default()
+            .status);
+    }
+
+    fn forget(&self, pool: &str) -> bool {
+        lock(&self.pools)
+            .remove(pool)
+            .is_some_and(|p| !p.admitted.is_empty())
+    }
+}
+
+impl Registry {
+    /// Before the first request: the list files of pools that do not probe are read now, so
+    /// their members serve from the start. (Pools that probe admit their candidates as the
+    /// probes pass; the sources task warns about malformed lines when it reads the file.)
+    pub fn preload(&self, config: &crate::config::Config) {
+        for p in config.pools.values() {
+            let (Some(path), None) = (&p.sources.file, &p.probe) else {
+                continue;
+            };
+            let Ok(text) = std::fs::read_to_string(path) else {
+                continue;
+            };
+            let inline: HashSet<&UpstreamId> = p.upstreams.iter().map(|u| &u.id).collect();
+            let admitted = list::parse(&text, "")
+                .upstreams
+                .into_iter()
+                .filter(|u| {
+                    !inline.contains(&u.id) && p.sources.admission.schemes.contains(&u.scheme)
+                })
+                .collect();
+            self.set_admitted(&p.name, admitted);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a listed upstream stands.
+#[derive(Debug)]
+enum Verdict {
+    Probing(Upstream),
+    Admitted(Upstream),
+    Rejected {
+        upstream: Upstream,
+        /// When it may be probed again; `None` never (its line must change).
+        retry_at: Option<Instant>,
+    },
+}
+
+impl Verdict {
+    fn upstream(&self) -> &Upstream {
+        match self {
+            Verdict::Probing(u) | Verdict::Admitted(u) => u,
+            Verdict::Rejected { upstream, .. } => upstream,
+        }
+    }
+}
+
+/// The loop's state for one pool with lists.
+struct Tracked {
+    cfg: SourcesConfig,
+    /// Modification time and size of the file when it was last read.
+    file_stamp: Option<(SystemTime, u64)>,
+    file_listed: Vec<Upstream>,
+    url_listed: Vec<Upstream>,
+    next_fetch: Instant,
+    verdicts: HashMap<UpstreamId, Verdict>,
+    rejections: Vec<Rejection>,
+    lock: Option<LockToken>,
+    semaphore: Arc<Semaphore>,
+}
+
+impl Tracked {
+    fn new(cfg: &SourcesConfig, concurrency: usize) -> Self {
+        Tracked {
+            cfg: cfg.clone(),
+            file_stamp: None,
+            file_listed: Vec::new(),
+            url_listed: Vec::new(),
+            next_fetch: Instant::now(),
+            verdicts: HashMap::new(),
+            rejections: Vec::new(),
+            lock: None,
+            semaphore: Arc::new(Semaphore::new(concurrency.max(1))),
+        }
+    }
+
+    fn reject(&mut self, upstream: Upstream, reason: String, retry_at: Option<Instant>) {
+        self.rejections.push(Rejection {
+            upstream: upstream.id.to_string(),
+            reason,
+        });
+        if self.rejections.len() > MAX_REJECTIONS_SHOWN {
+            self.rejections.remove(0);
+        }
+        self.verdicts.insert(
+            upstream.id.clone(),
+            Verdict::Rejected { upstream, retry_at },
+        );
+    }
+}
+
+/// The answer of one admission probe.
+struct ProbeDone {
+    pool: String,
+    upstream: Upstream,
+    result: Result<Duration, String>,
+}
+
+/// Runs until shutdown: keeps every pool's list members current.
+pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
+    let mut tracked: HashMap<String, Tracked> = HashMap::new();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<ProbeDone>();
+    loop {
+        let mut changed = false;
+        let pools = gw.pools.load_full();
+        let mut seen = HashSet::new();
+        for pool in pools.iter() {
+            let cfg = &pool.config;
+            if cfg.sources.is_empty() {
+                continue;
+            }
+            seen.insert(cfg.name.clone());
+            let concurrency = cfg.probe.as_ref().map_or(1, |p| p.concurrency);
+            let t = tracked
+                .entry(cfg.name.clone())
+                .or_insert_with(|| Tracked::new(&cfg.sources, concurrency));
+            if t.cfg != cfg.sources {
+                // A reload pointed the pool at other lists: start over, keeping the verdicts
+                // (an upstream still listed keeps its place).
+                let verdicts = std::mem::take(&mut t.verdicts);
+                let lock = t.lock.take();
+                *t = Tracked::new(&cfg.sources, concurrency);
+                t.verdicts = verdicts;
+                t.lock = lock;
+            }
+            changed |= turn(&gw, cfg, t, &runner, &done_tx).await;
+        }
+        // Pools that no longer have lists (or no longer exist) give back their members.
+        let gone: Vec<String> = tracked
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(t) = tracked.remove(&name) {
+                if let Some(token) = t.lock {
+                    let _ = gw.store.unlock(&lock_name(&name), &token).await;
+                }
+            }
+            changed |= gw.sources.forget(&name);
+        }
+        if changed {
+            if let Err(e) = crate::reload::refresh_members(&gw).await {
+                tracing::warn!(error = %e, "list members changed but the store could not be told; it is when it answers again");
+            }
+        }
+        let wake = tracked
+            .values()
+            .filter_map(|t| {
+                let retry = t.verdicts.values().filter_map(|v| match v {
+                    Verdict::Rejected { retry_at, .. } => *retry_at,
+                    _ => None,
+                });
+                // Only the lock holder fetches; the others look again at the next poll.
+                let fetch = t.lock.as_ref().map(|_| t.next_fetch);
+                retry.chain(fetch).min()
+            })
+            .fold(Instant::now() + FILE_POLL_INTERVAL, Instant::min);
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            Some(done) = done_rx.recv() => {
+                let mut batch = vec![done];
+                while let Ok(more) = done_rx.try_recv() {
+                    batch.push(more);
+                }
+                for d in batch {
+                    judged(&gw, &mut tracked, d);
+                }
+            }
+            _ = gw.shutdown.cancelled() => break,
+        }
+    }
+    for (name, t) in tracked {
+        if let Some(token) = t.lock {
+            let _ = gw.store.unlock(&lock_name(&name), &token).await;
+        }
+    }
+}
+
+fn lock_name(pool: &str) -> String {
+    format!("sources:{pool}")
+}
+
+/// One look at a pool's lists: re-read what changed, start admission probes for new
+/// candidates, drop what is no longer listed. True when the pool's admitted members changed.
+async fn turn(
+    gw: &Arc<Gateway>,
+    cfg: &PoolConfig,
+    t: &mut Tracked,
+    runner: &Arc<dyn Runner>,
+    done: &mpsc::UnboundedSender<ProbeDone>,
+) -> bool {
+    let name = cfg.name.as_str();
+    if let Some(path) = cfg.sources.file.clone() {
+        read_file(gw, name, &path, t).await;
+    }
+    if let Some(url) = cfg.sources.url.clone() {
+        // Renewed every turn, so the holder keeps it and another instance takes over within
+        // LOCK_TTL of its death.
+        if lead(gw, name, t).await && Instant::now() >= t.next_fetch {
+            fetch_url(gw, name, &url, cfg.sources.url_interval, t).await;
+        }
+    }
+
+    let inline: HashSet<&UpstreamId> = cfg.upstreams.iter().map(|u| &u.id).collect();
+    let mut listed: Vec<Upstream> = Vec::new();
+    let mut ids = HashSet::new();
+    for u in t.file_listed.iter().chain(&t.url_listed) {
+        if !inline.contains(&u.id) && ids.insert(u.id.clone()) {
+            listed.push(u.clone());
+        }
+    }
+
+    // Verdicts of upstreams no longer listed, or listed differently (new credentials), go.
+    let listed_by_id: HashMap<&UpstreamId, &Upstream> = listed.iter().map(|u| (&u.id, u)).collect();
+    t.verdicts.retain(|id, v| {
+        let keep = listed_by_id.get(id).is_some_and(|u| *u == v.upstream());
+        if !keep && matches!(v, Verdict::Admitted(_)) {
+            tracing::info!(pool = name, upstream = %id, "upstream leaves the pool: no longer listed (live leases finish)");
+        }
+        keep
+    });
+
+    let now = Instant::now();
+    for u in &listed {
+        let retry_due = match t.verdicts.get(&u.id) {
+            None => true,
+            Some(Verdict::Rejected {
+                retry_at: Some(at), ..
+            }) => *at <= now,
+            Some(_) => false,
+        };
+        if !retry_due {
+            continue;
+        }
+        if !cfg.sources.admission.schemes.contains(&u.scheme) {
+            let reason = format!(
+                "scheme {} is not admitted (pools.{name}.admission.schemes)",
+                u.scheme.as_str()
+            );
+            tracing::warn!(pool = name, upstream = %u.id, reason, "candidate refused");
+            t.reject(u.clone(), reason, None);
+            continue;
+        }
+        match &cfg.probe {
+            None => {
+                tracing::info!(pool = name, upstream = %u.id, "upstream joins the pool from its list (the pool does not probe)");
+                t.verdicts
+                    .insert(u.id.clone(), Verdict::Admitted(u.clone()));
+            }
+            Some(probe) => {
+                t.verdicts.insert(u.id.clone(), Verdict::Probing(u.clone()));
+                let probe = Arc::new(probe.clone());
+                let (runner, done, sem) = (runner.clone(), done.clone(), t.semaphore.clone());
+                let (pool, upstream) = (name.to_string(), u.clone());
+                let shutdown = gw.shutdown.clone();
+                gw.tasks.spawn(async move {
+                    let Ok(_permit) = sem.acquire_owned().await else {
+                        return;
+                    };
+                    let result = tokio::select! {
+                        r = runner.probe(Arc::new(upstream.clone()), probe) => r,
+                        _ = shutdown.cancelled() => return,
+                    };
+                    let _ = done.send(ProbeDone {
+                        pool,
+                        upstream,
+                        result,
+                    });
+                });
+            }
+        }
+    }
+    publish(gw, name, t, &listed)
+}
+
+/// Applies one admission probe's answer.
+fn judged(gw: &Gateway, tracked: &mut HashMap<String, Tracked>, d: ProbeDone) {
+    let Some(t) = tracked.get_mut(&d.pool) else {
+        return;
+    };
+    // Only the probe of the upstream as it is still listed counts.
+    if !matches!(t.verdicts.get(&d.upstream.id), Some(Verdict::Probing(u)) if *u == d.upstream) {
+        return;
+    }
+    let pools = gw.pools.load();
+    let Ok(pool) = pools.get(Some(&d.pool)) else {
+        return;
+    };
+    let ceiling = pool.config.sources.admission.max_latency;
+    let retry_at = pool
+        .config
+        .probe
+        .as_ref()
+        .map(|p| Instant::now() + p.dead_interval);
+    let id = d.upstream.id.clone();
+    match d.result {
+        Ok(took) if ceiling.is_none_or(|c| took <= c) => {
+            tracing::info!(pool = %d.pool, upstream = %id, latency_ms = took.as_millis() as u64, "candidate admitted: its probe passed");
+            t.verdicts.insert(id, Verdict::Admitted(d.upstream));
+        }
+        Ok(took) => {
+            let reason = format!(
+                "probe answered in {} ms, over the admission ceiling of {} ms",
+                took.as_millis(),
+                ceiling.map_or(0, |c| c.as_millis())
+            );
+            tracing::info!(pool = %d.pool, upstream = %id, reason, "candidate refused");
+            t.reject(d.upstream, reason, retry_at);
+        }
+        Err(why) => {
+            let reason = format!("probe failed: {why}");
+            tracing::info!(pool = %d.pool, upstream = %id, reason, "candidate refused");
+            t.reject(d.upstream, reason, retry_at);
+        }
+    }
+}
+
+/// Writes the pool's admitted members and status to the registry; true when members changed.
+fn publish(gw: &Gateway, pool: &str, t: &Tracked, listed: &[Upstream]) -> bool {
+    let admitted: Vec<Upstream> = listed
+        .iter()
+        .filter(|u| matches!(t.verdicts.get(&u.id), Some(Verdict::Admitted(_))))
+        .cloned()
+        .collect();
+    let count = |f: fn(&Verdict) -> bool| t.verdicts.values().filter(|v| f(v)).count();
+    let probing = count(|v| matches!(v, Verdict::Probing(_)));
+    let rejected = count(|v| matches!(v, Verdict::Rejected { .. }));
+    let n_admitted = admitted.len();
+    let rejections = t.rejections.clone();
+    gw.sources.update_status(pool, |s| {
+        s.file = t.cfg.file.as_ref().map(|p| p.display().to_string());
+        s.url = t.cfg.url.as_ref().map(fetch::redact);
+        s.listed = listed.len();
+        s.admitted = n_admitted;
+        s.probing = probing;
+        s.rejected = rejected;
+        s.rejections = rejections;
+    });
+    gw.sources.set_admitted(pool, admitted)
+}
+
+/// Re-reads the list file when its modification time or size changed.
+async fn read_file(gw: &Gateway, pool: &str, path: &std::path::Path, t: &mut Tracked) {
+    let stamp = match tokio::fs::metadata(path).await {
+        Ok(m) => (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()),
+        Err(e) => {
+            if t.file_stamp.take().is_some() || t.file_listed.is_empty() {
+                let why = format!("cannot read {}: {e}", path.display());
+                tracing::warn!(
+                    pool,
+                    error = why,
+                    "upstream list unreadable; its members stay as they were"
+                );
+                gw.sources.update_status(pool, |s| s.last_error = Some(why));
+            }
+            return;
+        }
+    };
+    if t.file_stamp == Some(stamp) {
+        return;
+    }
+    match tokio::fs::read_to_string(path).await {
+        Ok(text) => {
+            t.file_stamp = Some(stamp);
+            let listed = list::parse(&text, &path.display().to_string());
+            for why in &listed.skipped {
+                tracing::warn!(pool, line = why.as_str(), "upstream list line skipped");
+            }
+            let skipped = listed.skipped.len();
+            gw.sources.update_status(pool, |s| {
+                s.skipped_lines = skipped;
+                s.last_error = None;
+            });
+            t.file_listed = listed.upstreams;
+        }
+        Err(e) => {
+            let why = format!("cannot read {}: {e}", path.display());
+            tracing::warn!(
+                pool,
+                error = why,
+                "upstream list unreadable; its members stay as they were"
+            );
+            gw.sources.update_status(pool, |s| s.last_error = Some(why));
+        }
+    }
+}
+
+/// Fetches the list URL; on failure the members it gave before stay.
+async fn fetch_url(gw: &Gateway, pool: &str, url: &http::Uri, interval: Duration, t: &mut Tracked) {
+    let shown = fetch::redact(url);
+    match fetch::fetch(url, gw.connector.tls(), FETCH_TIMEOUT).await {
+        Ok(text) => {
+            t.next_fetch = Instant::now() + interval;
+            let listed = list::parse(&text, &shown);
+            for why in &listed.skipped {
+                tracing::warn!(pool, line = why.as_str(), "upstream list line skipped");
+            }
+            let skipped = listed.skipped.len();
+            gw.sources.update_status(pool, |s| {
+                s.fetches_ok += 1;
+                s.skipped_lines = skipped;
+                s.last_error = None;
+            });
+            t.url_listed = listed.upstreams;
+        }
+        Err(e) => {
+            t.next_fetch = Instant::now() + interval.min(FETCH_RETRY);
+            let why = format!("fetching {shown} failed: {e}");
+            tracing::warn!(
+                pool,
+                error = why,
+                "upstream list not fetched; its members stay as they were"
+            );
+            gw.sources.update_status(pool, |s| {
+                s.fetches_failed += 1;
+                s.last_error = Some(why);
+            });
+        }
+    }
+}
+
+/// Takes or renews the pool's sources lock; true while this instance holds it. When the store
+/// cannot be reached, each instance fetches for itself.
+async fn lead(gw: &Gateway, pool: &str, t: &mut Tracked) -> bool {
+    let name = lock_name(pool);
+    if let Some(token) = &t.lock {
+        match gw.store.extend_lock(&name, token, LOCK_TTL).await {
+            Ok(true) => return true,
+            Ok(false) => t.lock = None,
+            Err(_) => return true,
+        }
+    }
+    match gw.store.lock(&name, LOCK_TTL).await {
+        Ok(Some(token)) => {
+            t.lock = Some(token);
+            true
+        }
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
