@@ -403,3 +403,107 @@ async fn a_file_pool_without_probes_serves_its_list_from_the_start() {
     assert!(r.headers().contains_key("x-pool-error"));
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_fetch_and_probe_a_list_once_and_agree_on_its_members() {
+    common::init_tracing();
+    let redis = common::RedisServer::start().await;
+    let control = Origin::start(OriginBehaviour::fixed("control-ok")).await;
+    let mut good = Vec::new();
+    for _ in 0..4 {
+        good.push(FakeProxy::start(FakeProxyOpts::default()).await);
+    }
+    let bad = FakeProxy::start(FakeProxyOpts {
+        mode: ProxyMode::Fail502,
+        ..Default::default()
+    })
+    .await;
+    let mut lines: Vec<String> = good
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}#g{i}", p.url()))
+        .collect();
+    lines.push(format!("{}#bad", bad.url()));
+    let list = Origin::start(OriginBehaviour::fixed(&lines.join("\n"))).await;
+    // Idle probes every 10 min: within this test only admission probes reach the proxies.
+    let config = format!(
+        "{}[store]\nkind = \"redis\"\nurl = \"{}\"\n\
+         [pools.default]\nupstreams_url = \"{}\"\nupstreams_url_interval = \"10s\"\n\
+         [pools.default.probe]\ntargets = [\"{}\"]\nexpect_body = \"control-ok\"\ninterval = \"10m\"\ntimeout = \"2s\"\n",
+        server(),
+        redis.url(),
+        list.url("/list"),
+        control.url("/control")
+    );
+    let a = TestGateway::start_text_with(&config, Default::default()).await;
+    let b = TestGateway::start_text_with(&config, Default::default()).await;
+    let want: HashSet<String> = (0..4).map(|i| format!("g{i}")).collect();
+    assert!(wait_members(&a, &want, Duration::from_secs(10)).await);
+    assert!(
+        wait_members(&b, &want, Duration::from_secs(10)).await,
+        "b takes a's members"
+    );
+
+    // Three intervals: fetches at 0, 10 and 20 s, by one instance.
+    tokio::time::sleep(Duration::from_millis(24_000)).await;
+    let fetches = list.requests().len();
+    let probes: Vec<usize> = good.iter().chain([&bad]).map(|p| p.requests()).collect();
+    let leaders: Vec<bool> = [&a, &b]
+        .iter()
+        .map(|g| {
+            g.running()
+                .gateway()
+                .sources
+                .status("default")
+                .is_some_and(|s| s.leader)
+        })
+        .collect();
+    eprintln!(
+        "2 instances, 3 intervals: {fetches} fetches of the list, admission probes per candidate {probes:?}, leaders {leaders:?}"
+    );
+    assert_eq!(
+        fetches, 3,
+        "the list is fetched once per interval across both instances"
+    );
+    assert_eq!(
+        probes,
+        vec![1, 1, 1, 1, 1],
+        "each candidate is probed once, not once per instance"
+    );
+    assert_eq!(leaders.iter().filter(|l| **l).count(), 1);
+    assert_eq!(members(&a.status().await), want);
+    assert_eq!(members(&b.status().await), want);
+
+    // The leader goes: the other takes over with the members as they are, without re-probing.
+    let (leader, follower) = if leaders[0] { (a, b) } else { (b, a) };
+    leader.shutdown().await;
+    let mut took_over = false;
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if follower
+            .running()
+            .gateway()
+            .sources
+            .status("default")
+            .is_some_and(|s| s.leader)
+        {
+            took_over = true;
+            break;
+        }
+    }
+    assert!(took_over, "the remaining instance reads the list now");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(members(&follower.status().await), want);
+    let probes_after: Vec<usize> = good.iter().map(|p| p.requests()).collect();
+    assert_eq!(
+        probes_after,
+        vec![1, 1, 1, 1],
+        "admitted members are not probed again"
+    );
+    assert_eq!(
+        list.requests().len(),
+        4,
+        "the new holder fetched the list at once"
+    );
+    follower.shutdown().await;
+}

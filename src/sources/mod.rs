@@ -42,10 +42,16 @@ const FETCH_RETRY: Duration = Duration::from_secs(30);
 const LOCK_TTL: Duration = Duration::from_secs(10);
 /// Rejections shown in `/status` per pool (the most recent).
 const MAX_REJECTIONS_SHOWN: usize = 20;
+/// An instance that does not hold the sources lock re-reads the shared list this often, besides
+/// when it is told of a change (events can be missed while a connection is down).
+const FOLLOW_REFRESH: Duration = Duration::from_secs(30);
 
 /// What `/status` shows of a pool's upstream lists.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SourceStatus {
+    /// This instance reads the lists and admits candidates (with a shared store only the holder
+    /// of the pool's sources lock does; the others take the members it shares).
+    pub leader: bool,
     /// The list file, as configured.
     pub file: Option<String>,
     /// The list URL without user info or query.
@@ -186,6 +192,10 @@ struct Tracked {
     verdicts: HashMap<UpstreamId, Verdict>,
     rejections: Vec<Rejection>,
     lock: Option<LockToken>,
+    /// The admitted members changed but the store has not taken them yet.
+    unpublished: bool,
+    /// When a follower next reads the shared list (`None`: now).
+    follow_at: Option<Instant>,
     semaphore: Arc<Semaphore>,
 }
 
@@ -200,6 +210,8 @@ impl Tracked {
             verdicts: HashMap::new(),
             rejections: Vec::new(),
             lock: None,
+            unpublished: false,
+            follow_at: None,
             semaphore: Arc::new(Semaphore::new(concurrency.max(1))),
         }
     }
@@ -230,6 +242,7 @@ struct ProbeDone {
 pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
     let mut tracked: HashMap<String, Tracked> = HashMap::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<ProbeDone>();
+    let mut shared_changes = gw.store.subscribe_listed_changes();
     loop {
         let mut changed = false;
         let pools = gw.pools.load_full();
@@ -283,7 +296,8 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
                 });
                 // Only the lock holder fetches; the others look again at the next poll.
                 let fetch = t.lock.as_ref().map(|_| t.next_fetch);
-                retry.chain(fetch).min()
+                let follow = t.lock.is_none().then_some(t.follow_at).flatten();
+                retry.chain(fetch).chain(follow).min()
             })
             .fold(Instant::now() + FILE_POLL_INTERVAL, Instant::min);
         tokio::select! {
@@ -297,6 +311,21 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
                     judged(&gw, &mut tracked, d);
                 }
             }
+            changed = shared_changes.recv() => match changed {
+                Ok(pool) => {
+                    if let Some(t) = tracked.get_mut(&pool) {
+                        t.follow_at = None;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    for t in tracked.values_mut() {
+                        t.follow_at = None;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    shared_changes = gw.store.subscribe_listed_changes();
+                }
+            },
             _ = gw.shutdown.cancelled() => break,
         }
     }
@@ -321,13 +350,20 @@ async fn turn(
     done: &mpsc::UnboundedSender<ProbeDone>,
 ) -> bool {
     let name = cfg.name.as_str();
+    // The lock is renewed every turn, so its holder keeps it and another instance takes over
+    // within LOCK_TTL of its death.
+    let held = t.lock.is_some();
+    if !lead(gw, name, t).await {
+        return follow(gw, cfg, t).await;
+    }
+    if !held && t.lock.is_some() {
+        seed(gw, cfg, t).await;
+    }
     if let Some(path) = cfg.sources.file.clone() {
         read_file(gw, name, &path, t).await;
     }
     if let Some(url) = cfg.sources.url.clone() {
-        // Renewed every turn, so the holder keeps it and another instance takes over within
-        // LOCK_TTL of its death.
-        if lead(gw, name, t).await && Instant::now() >= t.next_fetch {
+        if Instant::now() >= t.next_fetch {
             fetch_url(gw, name, &url, cfg.sources.url_interval, t).await;
         }
     }
@@ -401,7 +437,67 @@ async fn turn(
             }
         }
     }
-    publish(gw, name, t, &listed)
+    let changed = publish(gw, name, t, &listed);
+    if changed || t.unpublished {
+        let text: Vec<String> = gw
+            .sources
+            .admitted(name)
+            .iter()
+            .map(Upstream::to_url)
+            .collect();
+        t.unpublished = gw.store.put_listed(name, &text.join("\n")).await.is_err();
+    }
+    changed
+}
+
+/// A new lock holder starts from the members the previous one shared: they passed admission
+/// already, and they stay until this instance's own read of the lists says otherwise.
+async fn seed(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) {
+    let Ok(Some(text)) = gw.store.listed(&cfg.name).await else {
+        return;
+    };
+    let shared = list::parse(&text, "the shared list").upstreams;
+    for u in &shared {
+        t.verdicts
+            .entry(u.id.clone())
+            .or_insert_with(|| Verdict::Admitted(u.clone()));
+    }
+    // Until the first fetch, the URL's part of the list is what the previous holder had.
+    if cfg.sources.url.is_some() {
+        t.url_listed = shared;
+    }
+    tracing::info!(pool = %cfg.name, "this instance reads the pool's upstream lists (sources lock taken)");
+}
+
+/// Another instance holds the sources lock: take the members it shares.
+async fn follow(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) -> bool {
+    let now = Instant::now();
+    if t.follow_at.is_some_and(|at| at > now) {
+        return false;
+    }
+    t.follow_at = Some(now + FOLLOW_REFRESH);
+    // Should this instance lead later, it starts over from what is shared then.
+    t.verdicts.clear();
+    (t.file_stamp, t.next_fetch) = (None, now);
+    let Ok(Some(text)) = gw.store.listed(&cfg.name).await else {
+        return false;
+    };
+    let inline: HashSet<&UpstreamId> = cfg.upstreams.iter().map(|u| &u.id).collect();
+    let shared: Vec<Upstream> = list::parse(&text, "the shared list")
+        .upstreams
+        .into_iter()
+        .filter(|u| !inline.contains(&u.id))
+        .collect();
+    let n = shared.len();
+    gw.sources.update_status(&cfg.name, |s| {
+        s.leader = false;
+        s.file = cfg.sources.file.as_ref().map(|p| p.display().to_string());
+        s.url = cfg.sources.url.as_ref().map(fetch::redact);
+        s.listed = n;
+        s.admitted = n;
+        s.probing = 0;
+    });
+    gw.sources.set_admitted(&cfg.name, shared)
 }
 
 /// Applies one admission probe's answer.
@@ -459,6 +555,7 @@ fn publish(gw: &Gateway, pool: &str, t: &Tracked, listed: &[Upstream]) -> bool {
     let n_admitted = admitted.len();
     let rejections = t.rejections.clone();
     gw.sources.update_status(pool, |s| {
+        s.leader = true;
         s.file = t.cfg.file.as_ref().map(|p| p.display().to_string());
         s.url = t.cfg.url.as_ref().map(fetch::redact);
         s.listed = listed.len();

@@ -28,6 +28,10 @@ pub struct MemoryStore {
     locks: Mutex<HashMap<String, (LockToken, Instant)>>,
     /// Kept so that subscribers wait quietly: one instance has no peers to hear from.
     changes: broadcast::Sender<MemberChange>,
+    /// Lists shared by `put_listed`, per pool.
+    listed: Mutex<HashMap<String, String>>,
+    /// Never sent to, like `changes`.
+    listed_changes: broadcast::Sender<String>,
 }
 
 impl Default for MemoryStore {
@@ -36,6 +40,8 @@ impl Default for MemoryStore {
             pools: RwLock::default(),
             locks: Mutex::default(),
             changes: broadcast::channel(1).0,
+            listed: Mutex::default(),
+            listed_changes: broadcast::channel(1).0,
         }
     }
 }
@@ -633,6 +639,29 @@ impl Store for MemoryStore {
 
     fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange> {
         self.changes.subscribe()
+    }
+
+    async fn put_listed(&self, pool: &str, list: &str) -> Result<(), StoreError> {
+        self.entry(pool)?;
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pool.to_string(), list.to_string());
+        Ok(())
+    }
+
+    async fn listed(&self, pool: &str) -> Result<Option<String>, StoreError> {
+        self.entry(pool)?;
+        Ok(self
+            .listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(pool)
+            .cloned())
+    }
+
+    fn subscribe_listed_changes(&self) -> broadcast::Receiver<String> {
+        self.listed_changes.subscribe()
     }
 }
 

@@ -257,6 +257,21 @@ pub trait Store: Send + Sync + 'static {
     /// Member settings applied by *other* instances (quarantines, restores, cost changes), as
     /// they happen. A single-instance store never sends any.
     fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange>;
+
+    /// Shares the members a pool's upstream lists contribute (one URL a line), as decided by
+    /// the instance holding the pool's sources lock ([`crate::sources`]).
+    fn put_listed(
+        &self,
+        pool: &str,
+        list: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The list last shared by [`Store::put_listed`], if any.
+    fn listed(&self, pool: &str)
+    -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+
+    /// Names of pools whose shared list another instance changed (nothing on one instance).
+    fn subscribe_listed_changes(&self) -> broadcast::Receiver<String>;
 }
 
 /// Builds one member's `/status` figures from its raw counters (shared by the backends).
@@ -409,5 +424,17 @@ impl Store for AnyStore {
 
     fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange> {
         dispatch!(self, s => s.subscribe_member_changes())
+    }
+
+    async fn put_listed(&self, pool: &str, list: &str) -> Result<(), StoreError> {
+        dispatch!(self, s => s.put_listed(pool, list).await)
+    }
+
+    async fn listed(&self, pool: &str) -> Result<Option<String>, StoreError> {
+        dispatch!(self, s => s.listed(pool).await)
+    }
+
+    fn subscribe_listed_changes(&self) -> broadcast::Receiver<String> {
+        dispatch!(self, s => s.subscribe_listed_changes())
     }
 }

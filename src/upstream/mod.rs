@@ -206,6 +206,47 @@ impl Upstream {
     }
 }
 
+impl Upstream {
+    /// The URL [`Upstream::parse`] reads back into this upstream, credentials included: for
+    /// handing a list to other instances through the store, never for logs.
+    pub fn to_url(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let base = match self.scheme {
+            Scheme::Direct => format!(
+                "direct://{}",
+                self.bind.map(|ip| ip.to_string()).unwrap_or_default()
+            ),
+            scheme => {
+                let auth = self.credentials.as_ref().map_or(String::new(), |c| {
+                    format!(
+                        "{}:{}@",
+                        percent_encode(&c.username),
+                        percent_encode(&c.password)
+                    )
+                });
+                format!("{}://{auth}{host}:{}", scheme.as_str(), self.port)
+            }
+        };
+        format!("{base}#{}", self.id)
+    }
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// Splits `host:port` or `[v6]:port`; the port is required.
 pub(crate) fn split_host_port(s: &str) -> Result<(String, u16), UpstreamUrlError> {
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
@@ -271,6 +312,26 @@ mod tests {
         );
         let u = Upstream::parse("direct://127.0.0.2").unwrap();
         assert_eq!(u.bind, Some("127.0.0.2".parse().unwrap()));
+    }
+
+    #[test]
+    fn to_url_reads_back_into_the_same_upstream() {
+        for url in [
+            "http://alice:s%40c:r%20et@10.0.0.1:3128",
+            "https://10.0.0.2:443#named",
+            "socks5h://u:p@[::1]:1080#eu-1",
+            "socks5://[2001:db8::1]:1080",
+            "direct://",
+            "direct://127.0.0.2#egress",
+        ] {
+            let u = Upstream::parse(url).unwrap();
+            assert_eq!(
+                Upstream::parse(&u.to_url()).unwrap(),
+                u,
+                "{url} → {}",
+                u.to_url()
+            );
+        }
     }
 
     #[test]

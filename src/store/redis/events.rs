@@ -6,7 +6,9 @@
 //!   capacity in this instance try again;
 //! - `m\n<origin>\n<upstream>\n<eligible>\n<keeps>\n<cost>`: a member setting changed; waiting
 //!   requests try again, and a change decided by another instance is applied to the local view
-//!   and handed to [`Store::subscribe_member_changes`](crate::store::Store::subscribe_member_changes).
+//!   and handed to [`Store::subscribe_member_changes`](crate::store::Store::subscribe_member_changes);
+//! - `l\n<origin>`: the members the pool's upstream lists contribute changed; other instances
+//!   hear of it through [`Store::subscribe_listed_changes`](crate::store::Store::subscribe_listed_changes).
 //!
 //! The connection sends one PING every [`PING_INTERVAL`] to notice a silently dead peer, and is
 //! re-established with backoff when lost; waiting requests are woken then, since events may have
@@ -31,6 +33,9 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Event {
     Released,
+    Listed {
+        origin: String,
+    },
     Member {
         origin: String,
         upstream: String,
@@ -45,8 +50,14 @@ impl Event {
             return Some(Event::Released);
         }
         let mut f = text.split('\n');
-        if f.next()? != "m" {
-            return None;
+        match f.next()? {
+            "m" => {}
+            "l" => {
+                return Some(Event::Listed {
+                    origin: f.next().filter(|o| !o.is_empty())?.to_string(),
+                });
+            }
+            _ => return None,
         }
         let origin = f.next()?.to_string();
         let upstream = f.next()?.to_string();
@@ -92,8 +103,11 @@ pub(super) async fn run(inner: Arc<Inner>) {
                 }
                 tracing::warn!(store = %inner.redacted, reason = why, "redis events connection lost; reconnecting");
                 lost = true;
-                // Releases may have been missed meanwhile.
+                // Releases and list changes may have been missed meanwhile.
                 inner.notify_all();
+                for name in inner.pool_names() {
+                    let _ = inner.listed.send(name);
+                }
             }
             Err(why) => {
                 tracing::debug!(store = %inner.redacted, reason = %why, "redis events connection failed");
@@ -224,6 +238,11 @@ async fn on_message(inner: &Inner, data: Vec<Value>) {
                     .await;
             }
         }
+        Some(Event::Listed { origin }) => {
+            if origin != inner.instance {
+                let _ = inner.listed.send(name);
+            }
+        }
         None => tracing::debug!(channel, "unreadable pool event"),
     }
 }
@@ -248,6 +267,13 @@ mod tests {
             })
         );
         assert_eq!(Event::parse(b"m\na\nb\n2\n1\n1"), None);
+        assert_eq!(
+            Event::parse(b"l\nhost-2-cd"),
+            Some(Event::Listed {
+                origin: "host-2-cd".into()
+            })
+        );
+        assert_eq!(Event::parse(b"l\n"), None);
         assert_eq!(Event::parse(b"x"), None);
     }
 }

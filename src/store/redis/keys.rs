@@ -31,6 +31,8 @@ pub(crate) struct PoolKeys {
     pub sessions: String,
     /// Pub/sub channel of the pool's events.
     pub events: String,
+    /// STRING: the members the pool's upstream lists contribute, one URL a line (`listed_put.lua`).
+    pub listed: String,
     /// `<prefix>:{<pool>}:sess:`; a session's STRING key is this plus the session key.
     sess_prefix: String,
 }
@@ -50,6 +52,7 @@ impl PoolKeys {
             stats: key("stats"),
             sessions: key("sessions"),
             events: key("events"),
+            listed: key("listed"),
             sess_prefix: key("sess:"),
         }
     }
@@ -176,6 +179,7 @@ mod tests {
             &k.stats,
             &k.sessions,
             &k.events,
+            &k.listed,
             &k.session("s1"),
         ] {
             assert!(key.starts_with("pg:{eu}:"), "{key}");

@@ -290,6 +290,8 @@ struct Inner {
     recovering: AtomicBool,
     backlog: Mutex<Backlog>,
     changes: broadcast::Sender<MemberChange>,
+    /// Pools whose list members another instance changed (see `listed_put.lua`).
+    listed: broadcast::Sender<String>,
     /// The events channels to subscribe to (one per pool).
     channels: watch::Sender<BTreeSet<String>>,
     /// The channels the events connection is subscribed to right now.
@@ -419,6 +421,7 @@ impl RedisStore {
             recovering: AtomicBool::new(false),
             backlog: Mutex::default(),
             changes: broadcast::channel(MEMBER_CHANGES_CAPACITY).0,
+            listed: broadcast::channel(MEMBER_CHANGES_CAPACITY).0,
             channels: watch::channel(BTreeSet::new()).0,
             subscribed: watch::channel(BTreeSet::new()).0,
             stop: stop.clone(),
@@ -448,6 +451,15 @@ impl Inner {
             .get(name)
             .cloned()
             .ok_or_else(|| StoreError::UnknownPool(name.to_string()))
+    }
+
+    fn pool_names(&self) -> Vec<String> {
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
     }
 
     fn all_pools(&self) -> Vec<Arc<PoolLocal>> {
@@ -1431,6 +1443,44 @@ impl Store for RedisStore {
         inv.key(lock_key(&self.inner.prefix, name))
             .arg(token.as_str());
         self.lock_call(&inv).await
+    }
+
+    async fn put_listed(&self, pool: &str, list: &str) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        let mut inv = scripts::LISTED_PUT.prepare_invoke();
+        inv.key(&p.keys.listed)
+            .arg(list)
+            .arg(&p.keys.events)
+            .arg(&inner.instance);
+        match inner.eval::<i64>(&inv, inner.timeout).await {
+            Ok(_) => Ok(()),
+            Err(Fault::Down(why)) => {
+                inner.degrade(&why);
+                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+
+    async fn listed(&self, pool: &str) -> Result<Option<String>, StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        match inner
+            .query::<Option<String>>(redis::cmd("GET").arg(&p.keys.listed))
+            .await
+        {
+            Ok(v) => Ok(v),
+            Err(Fault::Down(why)) => {
+                inner.degrade(&why);
+                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
+            }
+            Err(Fault::Broken(why)) => Err(broken(why)),
+        }
+    }
+
+    fn subscribe_listed_changes(&self) -> broadcast::Receiver<String> {
+        self.inner.listed.subscribe()
     }
 
     fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange> {

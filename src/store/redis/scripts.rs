@@ -26,6 +26,7 @@ script!(STATUS, "status.lua");
 script!(LOCK_ACQUIRE, "lock_acquire.lua");
 script!(LOCK_EXTEND, "lock_extend.lua");
 script!(LOCK_RELEASE, "lock_release.lua");
+script!(LISTED_PUT, "listed_put.lua");
 
 /// What `acquire.lua` answered.
 #[derive(Debug, PartialEq, Eq)]
@@ -117,10 +118,11 @@ mod tests {
             &LOCK_ACQUIRE,
             &LOCK_EXTEND,
             &LOCK_RELEASE,
+            &LISTED_PUT,
         ]
         .iter()
         .map(|s| s.get_hash())
         .collect();
-        assert_eq!(hashes.len(), 11);
+        assert_eq!(hashes.len(), 12);
     }
 }
