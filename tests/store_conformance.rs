@@ -712,6 +712,50 @@ async fn member_changes_reach_other_instances(b: &Backend) {
     assert_healthy(&c);
 }
 
+async fn listed_members_are_shared_and_announced(b: &Backend) {
+    let (spec, _) = spec(
+        "listed",
+        1,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    assert_eq!(c[0].listed(&spec.name).await.unwrap(), None);
+    let mut theirs = c[1].subscribe_listed_changes();
+    let mut mine = c[0].subscribe_listed_changes();
+    let list = "http://u:p%40ss@10.0.0.7:3128#a\nsocks5://10.0.0.8:1080#b";
+    c[0].put_listed(&spec.name, list).await.unwrap();
+    assert_eq!(
+        c[1].listed(&spec.name).await.unwrap().as_deref(),
+        Some(list)
+    );
+    if b.is_redis() {
+        let pool = tokio::time::timeout(Duration::from_secs(2), theirs.recv())
+            .await
+            .expect("announced")
+            .unwrap();
+        assert_eq!(pool, spec.name);
+        // The same list again announces nothing.
+        c[0].put_listed(&spec.name, list).await.unwrap();
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), theirs.recv())
+            .await
+            .is_err()
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), mine.recv())
+            .await
+            .is_err(),
+        "an instance does not hear its own list back"
+    );
+    c[1].put_listed(&spec.name, "").await.unwrap();
+    assert_eq!(c[0].listed(&spec.name).await.unwrap().as_deref(), Some(""));
+    assert!(c[0].listed("no-such-pool").await.is_err());
+    assert_healthy(&c);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The suite, per backend.
 
@@ -765,4 +809,5 @@ suite!(
     locks_exclude_and_stale_tokens_cannot_act,
     release_signal_woken_by_another_clients_release,
     member_changes_reach_other_instances,
+    listed_members_are_shared_and_announced,
 );
