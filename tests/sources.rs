@@ -304,6 +304,24 @@ async fn a_candidate_list_of_20_admits_only_the_12_that_pass() {
         ])
     );
     assert_eq!(members(&gw.status().await), want, "still exactly the 12");
+    let metrics = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "poolgate_source_upstreams{pool=\"default\",state=\"admitted\"} 12",
+        "poolgate_source_upstreams{pool=\"default\",state=\"rejected\"} 8",
+        "poolgate_source_fetches{pool=\"default\",state=\"ok\"} 1",
+    ] {
+        assert!(metrics.contains(series), "{series} in\n{metrics}");
+    }
 
     // Traffic goes to the admitted members only.
     let origin = Origin::start(OriginBehaviour::echo()).await;

@@ -93,8 +93,16 @@ pub struct Metrics {
     uptime: Gauge,
     probe_results: Family<ProbeLabels, Gauge>,
     probe_incident: Family<PoolLabel, Gauge>,
+    source_upstreams: Family<SourceLabels, Gauge>,
+    source_fetches: Family<SourceLabels, Gauge>,
     rate_limited: Family<RateLimitLabels, Counter>,
     rate_limit_waits: Family<RateLimitLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    pool: String,
+    state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -129,6 +137,8 @@ impl Metrics {
             uptime: Gauge::default(),
             probe_results: Family::default(),
             probe_incident: Family::default(),
+            source_upstreams: Family::default(),
+            source_fetches: Family::default(),
             rate_limited: Family::default(),
             rate_limit_waits: Family::default(),
         };
@@ -210,6 +220,16 @@ impl Metrics {
                 m.probe_incident.clone(),
             );
             r.register(
+                "poolgate_source_upstreams",
+                "Upstreams of a pool's lists by state (listed, admitted, probing, rejected), as this instance knows them",
+                m.source_upstreams.clone(),
+            );
+            r.register(
+                "poolgate_source_fetches",
+                "Fetches of a pool's upstreams_url since start by result (ok, failed)",
+                m.source_fetches.clone(),
+            );
+            r.register(
                 "poolgate_rate_limited",
                 "Requests answered 429 rate-limited, by pool and the limit that stopped them",
                 m.rate_limited.clone(),
@@ -284,6 +304,8 @@ impl Metrics {
         self.store_up.clear();
         self.probe_results.clear();
         self.probe_incident.clear();
+        self.source_upstreams.clear();
+        self.source_fetches.clear();
 
         self.uptime.set(status.uptime_s as i64);
         self.store_up
@@ -351,6 +373,27 @@ impl Metrics {
                 self.probe_incident
                     .get_or_create(&pool)
                     .set(i64::from(probes.incident.is_some()));
+            }
+            if let Some(src) = &p.sources {
+                let label = |state| SourceLabels {
+                    pool: p.name.clone(),
+                    state,
+                };
+                for (state, n) in [
+                    ("listed", src.listed),
+                    ("admitted", src.admitted),
+                    ("probing", src.probing),
+                    ("rejected", src.rejected),
+                ] {
+                    self.source_upstreams
+                        .get_or_create(&label(state))
+                        .set(n as i64);
+                }
+                for (state, n) in [("ok", src.fetches_ok), ("failed", src.fetches_failed)] {
+                    self.source_fetches
+                        .get_or_create(&label(state))
+                        .set(n as i64);
+                }
             }
             for row in &p.matrix {
                 for cell in &row.cells {
