@@ -29,6 +29,9 @@
 //! - [`health`]: [`health::classify`] (outcomes, captcha sniffing), [`health::state`] (the
 //!   per-upstream state machine), [`health::blame`] (per-target stats, incidents),
 //!   [`health::engine`] (per pool: guards and allocator changes).
+//! - [`sources`]: upstream lists that change at run time (`upstreams_file`, `upstreams_url`),
+//!   candidates admitted by probe, unlisted members drained; [`sources::list`] (the line format),
+//!   [`sources::fetch`] (the URL).
 //! - [`probe`]: active probes: [`mod@probe::check`] (one request to a control target through an
 //!   upstream), [`probe::prober`] (the background scheduler: recovery, idle and dead upstreams,
 //!   probe incidents, one prober per pool across instances).
@@ -46,7 +49,8 @@
 //! proxy::{forward | tunnel [→ intercept::relay]} → health::classify → store::release`
 //!
 //! Background tasks (each cancelled on shutdown): the health tick (cool-downs), the prober, the
-//! mirror of other instances' member settings, and the idle-connection sweeper.
+//! upstream lists, the mirror of other instances' member settings, and the idle-connection
+//! sweeper.
 
 #![forbid(unsafe_code)]
 
