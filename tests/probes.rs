@@ -416,17 +416,7 @@ async fn all_control_targets_down_is_a_probe_incident_and_changes_no_state() {
     );
     assert_eq!(pool["counts_by_state"]["quarantined"], 1);
     assert_eq!(state(&gw, "p0"), State::Quarantined);
-    let metrics = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     assert!(
         metrics.contains("poolgate_probe_incident{pool=\"default\"} 1"),
         "{metrics}"

@@ -324,17 +324,7 @@ async fn per_user_limit_answers_429_to_that_user_while_another_is_served() {
 
     let st = gw.status().await;
     assert_eq!(st["pools"][0]["rate_limit"]["rejected"]["user"], 1, "{st}");
-    let metrics = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     assert!(
         metrics.contains("poolgate_rate_limited_total{pool=\"default\",scope=\"user\"} 1"),
         "{metrics}"

@@ -304,17 +304,7 @@ async fn a_candidate_list_of_20_admits_only_the_12_that_pass() {
         ])
     );
     assert_eq!(members(&gw.status().await), want, "still exactly the 12");
-    let metrics = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     for series in [
         "poolgate_source_upstreams{pool=\"default\",state=\"admitted\"} 12",
         "poolgate_source_upstreams{pool=\"default\",state=\"rejected\"} 8",

@@ -186,12 +186,16 @@ struct Tracked {
     cfg: SourcesConfig,
     /// Modification time and size of the file when it was last read.
     file_stamp: Option<(SystemTime, u64)>,
+    /// The file could not be read at the last look (said once, not at every poll).
+    file_failing: bool,
     file_listed: Vec<Upstream>,
     url_listed: Vec<Upstream>,
     next_fetch: Instant,
     verdicts: HashMap<UpstreamId, Verdict>,
     rejections: Vec<Rejection>,
     lock: Option<LockToken>,
+    /// This instance reads the lists (since it last followed another instance).
+    leading: bool,
     /// The admitted members changed but the store has not taken them yet.
     unpublished: bool,
     /// When a follower next reads the shared list (`None`: now).
@@ -204,12 +208,14 @@ impl Tracked {
         Tracked {
             cfg: cfg.clone(),
             file_stamp: None,
+            file_failing: false,
             file_listed: Vec::new(),
             url_listed: Vec::new(),
             next_fetch: Instant::now(),
             verdicts: HashMap::new(),
             rejections: Vec::new(),
             lock: None,
+            leading: false,
             unpublished: false,
             follow_at: None,
             semaphore: Arc::new(Semaphore::new(concurrency.max(1))),
@@ -352,11 +358,11 @@ async fn turn(
     let name = cfg.name.as_str();
     // The lock is renewed every turn, so its holder keeps it and another instance takes over
     // within LOCK_TTL of its death.
-    let held = t.lock.is_some();
     if !lead(gw, name, t).await {
         return follow(gw, cfg, t).await;
     }
-    if !held && t.lock.is_some() {
+    if !t.leading {
+        t.leading = true;
         seed(gw, cfg, t).await;
     }
     if let Some(path) = cfg.sources.file.clone() {
@@ -450,23 +456,27 @@ async fn turn(
     changed
 }
 
-/// A new lock holder starts from the members the previous one shared: they passed admission
-/// already, and they stay until this instance's own read of the lists says otherwise.
+/// An instance that starts reading the lists starts from the members the previous reader shared
+/// (or, when the store cannot say, from the members it has): they passed admission already, and
+/// they stay until this instance's own read of the lists says otherwise.
 async fn seed(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) {
-    let Ok(Some(text)) = gw.store.listed(&cfg.name).await else {
-        return;
+    let shared = match gw.store.listed(&cfg.name).await {
+        Ok(Some(text)) => list::parse(&text, "the shared list").upstreams,
+        _ => gw.sources.admitted(&cfg.name),
     };
-    let shared = list::parse(&text, "the shared list").upstreams;
+    if shared.is_empty() {
+        return;
+    }
     for u in &shared {
         t.verdicts
             .entry(u.id.clone())
             .or_insert_with(|| Verdict::Admitted(u.clone()));
     }
     // Until the first fetch, the URL's part of the list is what the previous holder had.
+    tracing::info!(pool = %cfg.name, members = shared.len(), "this instance reads the pool's upstream lists, starting from the members it knows");
     if cfg.sources.url.is_some() {
         t.url_listed = shared;
     }
-    tracing::info!(pool = %cfg.name, "this instance reads the pool's upstream lists (sources lock taken)");
 }
 
 /// Another instance holds the sources lock: take the members it shares.
@@ -477,6 +487,9 @@ async fn follow(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) -> bool {
     }
     t.follow_at = Some(now + FOLLOW_REFRESH);
     // Should this instance lead later, it starts over from what is shared then.
+    if std::mem::take(&mut t.leading) {
+        tracing::info!(pool = %cfg.name, "another instance reads the pool's upstream lists now; taking the members it shares");
+    }
     t.verdicts.clear();
     (t.file_stamp, t.next_fetch) = (None, now);
     let Ok(Some(text)) = gw.store.listed(&cfg.name).await else {
@@ -569,82 +582,78 @@ fn publish(gw: &Gateway, pool: &str, t: &Tracked, listed: &[Upstream]) -> bool {
 
 /// Re-reads the list file when its modification time or size changed.
 async fn read_file(gw: &Gateway, pool: &str, path: &std::path::Path, t: &mut Tracked) {
-    let stamp = match tokio::fs::metadata(path).await {
-        Ok(m) => (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()),
-        Err(e) => {
-            if t.file_stamp.take().is_some() || t.file_listed.is_empty() {
-                let why = format!("cannot read {}: {e}", path.display());
-                tracing::warn!(
-                    pool,
-                    error = why,
-                    "upstream list unreadable; its members stay as they were"
-                );
-                gw.sources.update_status(pool, |s| s.last_error = Some(why));
-            }
-            return;
+    let stamp = t.file_stamp;
+    let read = async {
+        let m = tokio::fs::metadata(path).await?;
+        let now = (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len());
+        if stamp == Some(now) {
+            return Ok(None);
         }
+        Ok::<_, std::io::Error>(Some((now, tokio::fs::read_to_string(path).await?)))
     };
-    if t.file_stamp == Some(stamp) {
-        return;
-    }
-    match tokio::fs::read_to_string(path).await {
-        Ok(text) => {
-            t.file_stamp = Some(stamp);
-            let listed = list::parse(&text, &path.display().to_string());
-            for why in &listed.skipped {
-                tracing::warn!(pool, line = why.as_str(), "upstream list line skipped");
-            }
-            let skipped = listed.skipped.len();
-            gw.sources.update_status(pool, |s| {
-                s.skipped_lines = skipped;
-                s.last_error = None;
-            });
-            t.file_listed = listed.upstreams;
+    match read.await {
+        Ok(None) => {}
+        Ok(Some((now, text))) => {
+            t.file_stamp = Some(now);
+            t.file_failing = false;
+            t.file_listed = take_list(gw, pool, &text, &path.display().to_string());
         }
-        Err(e) => {
-            let why = format!("cannot read {}: {e}", path.display());
-            tracing::warn!(
-                pool,
-                error = why,
-                "upstream list unreadable; its members stay as they were"
-            );
-            gw.sources.update_status(pool, |s| s.last_error = Some(why));
+        // Said once per spell of failures, not every poll.
+        Err(e) if !t.file_failing => {
+            t.file_failing = true;
+            t.file_stamp = None;
+            list_failed(gw, pool, format!("cannot read {}: {e}", path.display()));
         }
+        Err(_) => {}
     }
 }
 
 /// Fetches the list URL; on failure the members it gave before stay.
 async fn fetch_url(gw: &Gateway, pool: &str, url: &http::Uri, interval: Duration, t: &mut Tracked) {
     let shown = fetch::redact(url);
-    match fetch::fetch(url, gw.connector.tls(), FETCH_TIMEOUT).await {
+    let fetched = fetch::fetch(url, gw.connector.tls(), FETCH_TIMEOUT).await;
+    let ok = fetched.is_ok();
+    gw.sources.update_status(pool, |s| {
+        if ok {
+            s.fetches_ok += 1;
+        } else {
+            s.fetches_failed += 1;
+        }
+    });
+    match fetched {
         Ok(text) => {
             t.next_fetch = Instant::now() + interval;
-            let listed = list::parse(&text, &shown);
-            for why in &listed.skipped {
-                tracing::warn!(pool, line = why.as_str(), "upstream list line skipped");
-            }
-            let skipped = listed.skipped.len();
-            gw.sources.update_status(pool, |s| {
-                s.fetches_ok += 1;
-                s.skipped_lines = skipped;
-                s.last_error = None;
-            });
-            t.url_listed = listed.upstreams;
+            t.url_listed = take_list(gw, pool, &text, &shown);
         }
         Err(e) => {
             t.next_fetch = Instant::now() + interval.min(FETCH_RETRY);
-            let why = format!("fetching {shown} failed: {e}");
-            tracing::warn!(
-                pool,
-                error = why,
-                "upstream list not fetched; its members stay as they were"
-            );
-            gw.sources.update_status(pool, |s| {
-                s.fetches_failed += 1;
-                s.last_error = Some(why);
-            });
+            list_failed(gw, pool, format!("fetching {shown} failed: {e}"));
         }
     }
+}
+
+/// Parses a list just read or fetched, warning once about each skipped line.
+fn take_list(gw: &Gateway, pool: &str, text: &str, origin: &str) -> Vec<Upstream> {
+    let listed = list::parse(text, origin);
+    for why in &listed.skipped {
+        tracing::warn!(pool, line = why.as_str(), "upstream list line skipped");
+    }
+    let skipped = listed.skipped.len();
+    gw.sources.update_status(pool, |s| {
+        s.skipped_lines = skipped;
+        s.last_error = None;
+    });
+    listed.upstreams
+}
+
+/// A list that could not be read or fetched: its members stay as they were.
+fn list_failed(gw: &Gateway, pool: &str, why: String) {
+    tracing::warn!(
+        pool,
+        error = why,
+        "upstream list not read; its members stay as they were"
+    );
+    gw.sources.update_status(pool, |s| s.last_error = Some(why));
 }
 
 /// Takes or renews the pool's sources lock; true while this instance holds it. When the store

@@ -105,6 +105,21 @@ impl TestGateway {
         serde_json::from_slice(&body).unwrap()
     }
 
+    /// The admin `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(format!("http://{}/metrics", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// `/status` figures of one upstream of one pool.
     pub async fn upstream_status(&self, pool: &str, id: &str) -> serde_json::Value {
         let status = self.status().await;
