@@ -58,6 +58,10 @@ pub const DEFAULT_RETRIES: u32 = 2;
 pub const DEFAULT_UPSTREAMS_URL_INTERVAL_MS: u64 = 10 * 60_000;
 /// Fetching a list more often than this is hammering its provider.
 pub const MIN_UPSTREAMS_URL_INTERVAL_MS: u64 = 10_000;
+/// Admission probes in flight at once per pool: public lists are long and mostly dead, so more
+/// than the idle probes' `concurrency`.
+pub const DEFAULT_ADMISSION_CONCURRENCY: usize = 16;
+pub const MAX_ADMISSION_CONCURRENCY: usize = 256;
 pub const MAX_RETRIES: u32 = 10;
 /// Highest rate limit accepted (requests per second); one request per microsecond.
 pub const MAX_RATE_LIMIT_PER_S: f64 = 1_000_000.0;
@@ -224,6 +228,7 @@ struct FilePool {
 struct FileAdmission {
     schemes: Option<Vec<String>>,
     max_latency: Option<String>,
+    concurrency: Option<usize>,
 }
 
 /// `[pools.<name>.probe]`: active checks through the pool's upstreams.
@@ -635,6 +640,8 @@ pub struct AdmissionConfig {
     pub schemes: Vec<Scheme>,
     /// A candidate whose probe answered slower than this is refused.
     pub max_latency: Option<Duration>,
+    /// Admission probes in flight at once.
+    pub concurrency: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -1432,6 +1439,15 @@ impl Validator {
         let max_latency = a
             .and_then(|a| a.max_latency.as_deref())
             .map(|v| self.duration(&format!("pools.{name}.admission.max_latency"), Some(v), 0));
+        let concurrency = a
+            .and_then(|a| a.concurrency)
+            .unwrap_or(DEFAULT_ADMISSION_CONCURRENCY);
+        if !(1..=MAX_ADMISSION_CONCURRENCY).contains(&concurrency) {
+            self.problem(
+                &format!("pools.{name}.admission.concurrency"),
+                format!("must be 1 to {MAX_ADMISSION_CONCURRENCY}"),
+            );
+        }
         SourcesConfig {
             file,
             url,
@@ -1439,6 +1455,7 @@ impl Validator {
             admission: AdmissionConfig {
                 schemes,
                 max_latency,
+                concurrency,
             },
         }
     }
@@ -1904,7 +1921,7 @@ queue_timeout = "soon"
         assert_eq!(pool.sources.admission.schemes.len(), 4);
 
         let p = problems(
-            "[pools.default]\nupstreams_url = \"ftp://lists.example/p.txt\"\nupstreams_url_interval = \"1s\"\n[pools.default.admission]\nschemes = [\"direct\", \"gopher\"]\nmax_latency = \"soon\"\n",
+            "[pools.default]\nupstreams_url = \"ftp://lists.example/p.txt\"\nupstreams_url_interval = \"1s\"\n[pools.default.admission]\nschemes = [\"direct\", \"gopher\"]\nmax_latency = \"soon\"\nconcurrency = 0\n",
         );
         for key in [
             "pools.default.upstreams_url:",
@@ -1912,6 +1929,7 @@ queue_timeout = "soon"
             "pools.default.admission.schemes[0]:",
             "pools.default.admission.schemes[1]:",
             "pools.default.admission.max_latency:",
+            "pools.default.admission.concurrency:",
         ] {
             assert!(p.iter().any(|m| m.starts_with(key)), "{key} in {p:?}");
         }

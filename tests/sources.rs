@@ -259,7 +259,7 @@ async fn a_candidate_list_of_20_admits_only_the_12_that_pass() {
 
     let config = format!(
         "{}[pools.default]\nupstreams_url = \"{}\"\nupstreams_url_interval = \"10s\"\n\
-         [pools.default.admission]\nmax_latency = \"800ms\"\n{}",
+         [pools.default.admission]\nmax_latency = \"800ms\"\nconcurrency = 4\n{}",
         server(),
         list.url("/proxies.txt"),
         probe_section(&control, "")
@@ -274,7 +274,7 @@ async fn a_candidate_list_of_20_admits_only_the_12_that_pass() {
     let mut sources = serde_json::Value::Null;
     for _ in 0..100 {
         sources = gw.status().await["pools"][0]["sources"].clone();
-        if sources["probing"] == 0 && sources["rejected"] == 8 {
+        if sources["probing"] == 0 && sources["pending"] == 0 && sources["rejected"] == 8 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

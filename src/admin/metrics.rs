@@ -221,7 +221,7 @@ impl Metrics {
             );
             r.register(
                 "poolgate_source_upstreams",
-                "Upstreams of a pool's lists by state (listed, admitted, probing, rejected), as this instance knows them",
+                "Upstreams of a pool's lists by state (listed, admitted, probing, pending, rejected), as this instance knows them",
                 m.source_upstreams.clone(),
             );
             r.register(
@@ -383,6 +383,7 @@ impl Metrics {
                     ("listed", src.listed),
                     ("admitted", src.admitted),
                     ("probing", src.probing),
+                    ("pending", src.pending),
                     ("rejected", src.rejected),
                 ] {
                     self.source_upstreams

@@ -281,7 +281,8 @@ impl PoolHealth {
         e.cfg = cfg;
         e.strategy = strategy;
         e.members = members.to_vec();
-        e.upstreams.retain(|id, _| members.contains(id));
+        let keep: std::collections::HashSet<&UpstreamId> = members.iter().collect();
+        e.upstreams.retain(|id, _| keep.contains(id));
         for id in members {
             e.upstreams
                 .entry(id.clone())

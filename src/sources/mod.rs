@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::{PoolConfig, SourcesConfig};
@@ -62,6 +62,8 @@ pub struct SourceStatus {
     pub admitted: usize,
     /// Candidates whose admission probe is under way.
     pub probing: usize,
+    /// Candidates waiting for a free admission slot.
+    pub pending: usize,
     /// Candidates refused (wrong scheme, failed probe, too slow).
     pub rejected: usize,
     /// Lines skipped as malformed at the last read of each list.
@@ -200,11 +202,10 @@ struct Tracked {
     unpublished: bool,
     /// When a follower next reads the shared list (`None`: now).
     follow_at: Option<Instant>,
-    semaphore: Arc<Semaphore>,
 }
 
 impl Tracked {
-    fn new(cfg: &SourcesConfig, concurrency: usize) -> Self {
+    fn new(cfg: &SourcesConfig) -> Self {
         Tracked {
             cfg: cfg.clone(),
             file_stamp: None,
@@ -218,7 +219,6 @@ impl Tracked {
             leading: false,
             unpublished: false,
             follow_at: None,
-            semaphore: Arc::new(Semaphore::new(concurrency.max(1))),
         }
     }
 
@@ -259,16 +259,15 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
                 continue;
             }
             seen.insert(cfg.name.clone());
-            let concurrency = cfg.probe.as_ref().map_or(1, |p| p.concurrency);
             let t = tracked
                 .entry(cfg.name.clone())
-                .or_insert_with(|| Tracked::new(&cfg.sources, concurrency));
+                .or_insert_with(|| Tracked::new(&cfg.sources));
             if t.cfg != cfg.sources {
                 // A reload pointed the pool at other lists: start over, keeping the verdicts
                 // (an upstream still listed keeps its place).
                 let verdicts = std::mem::take(&mut t.verdicts);
                 let lock = t.lock.take();
-                *t = Tracked::new(&cfg.sources, concurrency);
+                *t = Tracked::new(&cfg.sources);
                 t.verdicts = verdicts;
                 t.lock = lock;
             }
@@ -394,6 +393,13 @@ async fn turn(
     });
 
     let now = Instant::now();
+    // Candidates beyond the admission concurrency wait for a free slot (a finishing probe
+    // wakes the loop), so a long list never holds more than that many probes or tasks.
+    let mut in_flight = t
+        .verdicts
+        .values()
+        .filter(|v| matches!(v, Verdict::Probing(_)))
+        .count();
     for u in &listed {
         let retry_due = match t.verdicts.get(&u.id) {
             None => true,
@@ -420,16 +426,15 @@ async fn turn(
                 t.verdicts
                     .insert(u.id.clone(), Verdict::Admitted(u.clone()));
             }
+            Some(_) if in_flight >= cfg.sources.admission.concurrency => {}
             Some(probe) => {
+                in_flight += 1;
                 t.verdicts.insert(u.id.clone(), Verdict::Probing(u.clone()));
                 let probe = Arc::new(probe.clone());
-                let (runner, done, sem) = (runner.clone(), done.clone(), t.semaphore.clone());
+                let (runner, done) = (runner.clone(), done.clone());
                 let (pool, upstream) = (name.to_string(), u.clone());
                 let shutdown = gw.shutdown.clone();
                 gw.tasks.spawn(async move {
-                    let Ok(_permit) = sem.acquire_owned().await else {
-                        return;
-                    };
                     let result = tokio::select! {
                         r = runner.probe(Arc::new(upstream.clone()), probe) => r,
                         _ = shutdown.cancelled() => return,
@@ -509,6 +514,7 @@ async fn follow(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) -> bool {
         s.listed = n;
         s.admitted = n;
         s.probing = 0;
+        s.pending = 0;
     });
     gw.sources.set_admitted(&cfg.name, shared)
 }
@@ -565,6 +571,7 @@ fn publish(gw: &Gateway, pool: &str, t: &Tracked, listed: &[Upstream]) -> bool {
     let count = |f: fn(&Verdict) -> bool| t.verdicts.values().filter(|v| f(v)).count();
     let probing = count(|v| matches!(v, Verdict::Probing(_)));
     let rejected = count(|v| matches!(v, Verdict::Rejected { .. }));
+    let pending = listed.len().saturating_sub(t.verdicts.len());
     let n_admitted = admitted.len();
     let rejections = t.rejections.clone();
     gw.sources.update_status(pool, |s| {
@@ -574,6 +581,7 @@ fn publish(gw: &Gateway, pool: &str, t: &Tracked, listed: &[Upstream]) -> bool {
         s.listed = listed.len();
         s.admitted = n_admitted;
         s.probing = probing;
+        s.pending = pending;
         s.rejected = rejected;
         s.rejections = rejections;
     });
