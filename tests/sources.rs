@@ -403,6 +403,19 @@ async fn a_file_pool_without_probes_serves_its_list_from_the_start() {
     let r = gw.client().get(origin.url("/first")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-pool-upstream"], "a");
+    // A save caught half-way (the file briefly empty, then whole again) is not read as a
+    // shorter list: the change is read only once it has settled.
+    std::fs::write(&file, "").unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::fs::write(&file, format!("{}#a\nnot-a-url\n# saved again\n", a.url())).unwrap();
+    for _ in 0..60 {
+        assert_eq!(
+            members(&gw.status().await),
+            HashSet::from(["a".to_string()]),
+            "a half-written file removed nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Emptying the file empties the pool: requests then fail cleanly, nothing hangs.
     std::fs::write(&file, "# nothing left\n").unwrap();
     assert!(wait_members(&gw, &HashSet::new(), Duration::from_secs(5)).await);

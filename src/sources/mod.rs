@@ -188,8 +188,15 @@ struct Tracked {
     cfg: SourcesConfig,
     /// Modification time and size of the file when it was last read.
     file_stamp: Option<(SystemTime, u64)>,
+    /// Modification time and size at the last poll, for a change to settle before it is read.
+    file_seen: Option<(SystemTime, u64)>,
+    /// The file was read once (the first read needs no settling: it is how the gateway starts).
+    file_read: bool,
     /// The file could not be read at the last look (said once, not at every poll).
     file_failing: bool,
+    /// Lines skipped at the last read of each list, so a warning is not repeated.
+    file_warned: HashSet<String>,
+    url_warned: HashSet<String>,
     file_listed: Vec<Upstream>,
     url_listed: Vec<Upstream>,
     next_fetch: Instant,
@@ -209,7 +216,11 @@ impl Tracked {
         Tracked {
             cfg: cfg.clone(),
             file_stamp: None,
+            file_seen: None,
+            file_read: false,
             file_failing: false,
+            file_warned: HashSet::new(),
+            url_warned: HashSet::new(),
             file_listed: Vec::new(),
             url_listed: Vec::new(),
             next_fetch: Instant::now(),
@@ -496,7 +507,7 @@ async fn follow(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) -> bool {
         tracing::info!(pool = %cfg.name, "another instance reads the pool's upstream lists now; taking the members it shares");
     }
     t.verdicts.clear();
-    (t.file_stamp, t.next_fetch) = (None, now);
+    (t.file_stamp, t.file_read, t.next_fetch) = (None, false, now);
     let Ok(Some(text)) = gw.store.listed(&cfg.name).await else {
         return false;
     };
@@ -588,23 +599,26 @@ fn publish(gw: &Gateway, pool: &str, t: &Tracked, listed: &[Upstream]) -> bool {
     gw.sources.set_admitted(pool, admitted)
 }
 
-/// Re-reads the list file when its modification time or size changed.
+/// Re-reads the list file once a change has settled: its modification time and size must be
+/// the same at two polls in a row, so a file caught half-written (an editor's save, a copy) is
+/// not read as a shorter list whose missing members would leave the pool.
 async fn read_file(gw: &Gateway, pool: &str, path: &std::path::Path, t: &mut Tracked) {
-    let stamp = t.file_stamp;
+    let (stamp, seen, first) = (t.file_stamp, t.file_seen, !t.file_read);
     let read = async {
         let m = tokio::fs::metadata(path).await?;
         let now = (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len());
-        if stamp == Some(now) {
-            return Ok(None);
+        if stamp == Some(now) || (!first && seen != Some(now)) {
+            return Ok(Err(now));
         }
-        Ok::<_, std::io::Error>(Some((now, tokio::fs::read_to_string(path).await?)))
+        Ok::<_, std::io::Error>(Ok((now, tokio::fs::read_to_string(path).await?)))
     };
     match read.await {
-        Ok(None) => {}
-        Ok(Some((now, text))) => {
-            t.file_stamp = Some(now);
+        Ok(Err(now)) => t.file_seen = Some(now),
+        Ok(Ok((now, text))) => {
+            (t.file_stamp, t.file_seen, t.file_read) = (Some(now), Some(now), true);
             t.file_failing = false;
-            t.file_listed = take_list(gw, pool, &text, &path.display().to_string());
+            let origin = path.display().to_string();
+            t.file_listed = take_list(gw, pool, &text, &origin, &mut t.file_warned);
         }
         // Said once per spell of failures, not every poll.
         Err(e) if !t.file_failing => {
@@ -631,7 +645,7 @@ async fn fetch_url(gw: &Gateway, pool: &str, url: &http::Uri, interval: Duration
     match fetched {
         Ok(text) => {
             t.next_fetch = Instant::now() + interval;
-            t.url_listed = take_list(gw, pool, &text, &shown);
+            t.url_listed = take_list(gw, pool, &text, &shown, &mut t.url_warned);
         }
         Err(e) => {
             t.next_fetch = Instant::now() + interval.min(FETCH_RETRY);
@@ -640,12 +654,22 @@ async fn fetch_url(gw: &Gateway, pool: &str, url: &http::Uri, interval: Duration
     }
 }
 
-/// Parses a list just read or fetched, warning once about each skipped line.
-fn take_list(gw: &Gateway, pool: &str, text: &str, origin: &str) -> Vec<Upstream> {
+/// Parses a list just read or fetched, warning about each skipped line once (`warned` holds
+/// the lines skipped at the previous read).
+fn take_list(
+    gw: &Gateway,
+    pool: &str,
+    text: &str,
+    origin: &str,
+    warned: &mut HashSet<String>,
+) -> Vec<Upstream> {
     let listed = list::parse(text, origin);
     for why in &listed.skipped {
-        tracing::warn!(pool, line = why.as_str(), "upstream list line skipped");
+        if !warned.contains(why) {
+            tracing::warn!(pool, line = why.as_str(), "upstream list line skipped");
+        }
     }
+    *warned = listed.skipped.iter().cloned().collect();
     let skipped = listed.skipped.len();
     gw.sources.update_status(pool, |s| {
         s.skipped_lines = skipped;
