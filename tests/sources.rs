@@ -406,7 +406,7 @@ async fn a_file_pool_without_probes_serves_its_list_from_the_start() {
     // A save caught half-way (the file briefly empty, then whole again) is not read as a
     // shorter list: the change is read only once it has settled.
     std::fs::write(&file, "").unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     std::fs::write(&file, format!("{}#a\nnot-a-url\n# saved again\n", a.url())).unwrap();
     for _ in 0..60 {
         assert_eq!(

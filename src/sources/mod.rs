@@ -187,10 +187,10 @@ impl Verdict {
 struct Tracked {
     cfg: SourcesConfig,
     /// Modification time and size of the file when it was last read.
-    file_stamp: Option<(SystemTime, u64)>,
+    file_stamp: Option<Stamp>,
     /// Modification time and size at the last poll, for a change to settle before it is read.
-    file_seen: Option<(SystemTime, u64)>,
-    /// The file was read once (the first read needs no settling: it is how the gateway starts).
+    file_seen: Option<Stamp>,
+    /// The file was read once.
     file_read: bool,
     /// The file could not be read at the last look (said once, not at every poll).
     file_failing: bool,
@@ -199,6 +199,8 @@ struct Tracked {
     url_warned: HashSet<String>,
     file_listed: Vec<Upstream>,
     url_listed: Vec<Upstream>,
+    /// The URL was fetched once since this instance began reading the lists.
+    url_fetched: bool,
     next_fetch: Instant,
     verdicts: HashMap<UpstreamId, Verdict>,
     rejections: Vec<Rejection>,
@@ -223,6 +225,7 @@ impl Tracked {
             url_warned: HashSet::new(),
             file_listed: Vec::new(),
             url_listed: Vec::new(),
+            url_fetched: false,
             next_fetch: Instant::now(),
             verdicts: HashMap::new(),
             rejections: Vec::new(),
@@ -311,7 +314,7 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
                     _ => None,
                 });
                 // Only the lock holder fetches; the others look again at the next poll.
-                let fetch = t.lock.as_ref().map(|_| t.next_fetch);
+                let fetch = (t.cfg.url.is_some() && t.lock.is_some()).then_some(t.next_fetch);
                 let follow = t.lock.is_none().then_some(t.follow_at).flatten();
                 retry.chain(fetch).chain(follow).min()
             })
@@ -371,9 +374,10 @@ async fn turn(
     if !lead(gw, name, t).await {
         return follow(gw, cfg, t).await;
     }
+    let mut seeded = false;
     if !t.leading {
         t.leading = true;
-        seed(gw, cfg, t).await;
+        seeded = seed(gw, cfg, t).await;
     }
     if let Some(path) = cfg.sources.file.clone() {
         read_file(gw, name, &path, t).await;
@@ -384,10 +388,22 @@ async fn turn(
         }
     }
 
+    // A list not read yet (its first fetch failed, the file is still settling) stands for the
+    // members the lists gave before, so nothing leaves the pool for want of a read.
+    let before = gw.sources.admitted(name);
+    let unread = |configured: bool, read: bool| configured && !read;
+    let file_part = match unread(cfg.sources.file.is_some(), t.file_read) {
+        true => &before,
+        false => &t.file_listed,
+    };
+    let url_part = match unread(cfg.sources.url.is_some(), t.url_fetched) {
+        true => &before,
+        false => &t.url_listed,
+    };
     let inline: HashSet<&UpstreamId> = cfg.upstreams.iter().map(|u| &u.id).collect();
     let mut listed: Vec<Upstream> = Vec::new();
     let mut ids = HashSet::new();
-    for u in t.file_listed.iter().chain(&t.url_listed) {
+    for u in file_part.iter().chain(url_part) {
         if !inline.contains(&u.id) && ids.insert(u.id.clone()) {
             listed.push(u.clone());
         }
@@ -459,7 +475,7 @@ async fn turn(
             }
         }
     }
-    let changed = publish(gw, name, t, &listed);
+    let changed = publish(gw, name, t, &listed) || seeded;
     if changed || t.unpublished {
         let text: Vec<String> = gw
             .sources
@@ -475,24 +491,21 @@ async fn turn(
 /// An instance that starts reading the lists starts from the members the previous reader shared
 /// (or, when the store cannot say, from the members it has): they passed admission already, and
 /// they stay until this instance's own read of the lists says otherwise.
-async fn seed(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) {
+async fn seed(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) -> bool {
     let shared = match gw.store.listed(&cfg.name).await {
         Ok(Some(text)) => list::parse(&text, "the shared list").upstreams,
         _ => gw.sources.admitted(&cfg.name),
     };
     if shared.is_empty() {
-        return;
+        return false;
     }
     for u in &shared {
         t.verdicts
             .entry(u.id.clone())
             .or_insert_with(|| Verdict::Admitted(u.clone()));
     }
-    // Until the first fetch, the URL's part of the list is what the previous holder had.
     tracing::info!(pool = %cfg.name, members = shared.len(), "this instance reads the pool's upstream lists, starting from the members it knows");
-    if cfg.sources.url.is_some() {
-        t.url_listed = shared;
-    }
+    gw.sources.set_admitted(&cfg.name, shared)
 }
 
 /// Another instance holds the sources lock: take the members it shares.
@@ -507,7 +520,7 @@ async fn follow(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) -> bool {
         tracing::info!(pool = %cfg.name, "another instance reads the pool's upstream lists now; taking the members it shares");
     }
     t.verdicts.clear();
-    (t.file_stamp, t.file_read, t.next_fetch) = (None, false, now);
+    (t.file_stamp, t.file_read, t.url_fetched, t.next_fetch) = (None, false, false, now);
     let Ok(Some(text)) = gw.store.listed(&cfg.name).await else {
         return false;
     };
@@ -603,11 +616,15 @@ fn publish(gw: &Gateway, pool: &str, t: &Tracked, listed: &[Upstream]) -> bool {
 /// the same at two polls in a row, so a file caught half-written (an editor's save, a copy) is
 /// not read as a shorter list whose missing members would leave the pool.
 async fn read_file(gw: &Gateway, pool: &str, path: &std::path::Path, t: &mut Tracked) {
-    let (stamp, seen, first) = (t.file_stamp, t.file_seen, !t.file_read);
+    // Unsettled content can be read at once only when it can remove nothing: the first read
+    // of a pool that has no list members yet (a pool that does not probe has them from the
+    // start, read before the listener opened).
+    let first = !t.file_read && gw.sources.admitted(pool).is_empty();
+    let (stamp, seen) = (t.file_stamp, t.file_seen);
     let read = async {
         let m = tokio::fs::metadata(path).await?;
         let now = (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len());
-        if stamp == Some(now) || (!first && seen != Some(now)) {
+        if !settled(stamp, seen, now, first) {
             return Ok(Err(now));
         }
         Ok::<_, std::io::Error>(Ok((now, tokio::fs::read_to_string(path).await?)))
@@ -630,6 +647,16 @@ async fn read_file(gw: &Gateway, pool: &str, path: &std::path::Path, t: &mut Tra
     }
 }
 
+/// A file's modification time and size.
+type Stamp = (SystemTime, u64);
+
+/// Whether a file whose stamp is `now` is to be read: it changed since it was `read`, and the
+/// change has settled (the previous poll `seen` the same stamp) unless reading it `first` can
+/// remove nothing.
+fn settled(read: Option<Stamp>, seen: Option<Stamp>, now: Stamp, first: bool) -> bool {
+    read != Some(now) && (first || seen == Some(now))
+}
+
 /// Fetches the list URL; on failure the members it gave before stay.
 async fn fetch_url(gw: &Gateway, pool: &str, url: &http::Uri, interval: Duration, t: &mut Tracked) {
     let shown = fetch::redact(url);
@@ -646,6 +673,7 @@ async fn fetch_url(gw: &Gateway, pool: &str, url: &http::Uri, interval: Duration
         Ok(text) => {
             t.next_fetch = Instant::now() + interval;
             t.url_listed = take_list(gw, pool, &text, &shown, &mut t.url_warned);
+            t.url_fetched = true;
         }
         Err(e) => {
             t.next_fetch = Instant::now() + interval.min(FETCH_RETRY);
@@ -706,5 +734,26 @@ async fn lead(gw: &Gateway, pool: &str, t: &mut Tracked) -> bool {
         }
         Ok(None) => false,
         Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_change_is_read_once_it_has_settled() {
+        let at = |s: u64, len: u64| (SystemTime::UNIX_EPOCH + Duration::from_secs(s), len);
+        let (old, half, whole) = (at(1, 300), at(2, 120), at(2, 310));
+        // The first read needs no settling.
+        assert!(settled(None, None, old, true));
+        // Unchanged: nothing to read.
+        assert!(!settled(Some(old), Some(old), old, false));
+        // Caught half-written: wait; written on: still wait; then read what has settled.
+        assert!(!settled(Some(old), Some(old), half, false));
+        assert!(!settled(Some(old), Some(half), whole, false));
+        assert!(settled(Some(old), Some(whole), whole, false));
+        // After a failed read (no stamp), a settled file is read again.
+        assert!(settled(None, Some(old), old, false));
     }
 }
