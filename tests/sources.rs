@@ -530,3 +530,49 @@ async fn two_instances_on_one_redis_fetch_and_probe_a_list_once_and_agree_on_its
     );
     follower.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_candidate_is_tried_again_after_the_dead_interval() {
+    common::init_tracing();
+    let control = Origin::start(OriginBehaviour::fixed("control-ok")).await;
+    let good = FakeProxy::start(FakeProxyOpts::default()).await;
+    let flaky = FakeProxy::start(FakeProxyOpts {
+        mode: ProxyMode::Fail502,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ups.txt");
+    std::fs::write(
+        &file,
+        format!("{}#good\n{}#flaky\n", good.url(), flaky.url()),
+    )
+    .unwrap();
+    let config = format!(
+        "{}[pools.default]\nupstreams_file = \"{}\"\n{}",
+        server(),
+        file.display(),
+        probe_section(&control, "dead_interval = \"2s\"\n")
+    );
+    let gw = TestGateway::start_text_with(&config, Default::default()).await;
+    assert!(
+        wait_members(
+            &gw,
+            &HashSet::from(["good".to_string()]),
+            Duration::from_secs(5)
+        )
+        .await
+    );
+    let s = gw.status().await;
+    assert_eq!(
+        s["pools"][0]["sources"]["rejected"], 1,
+        "{}",
+        s["pools"][0]["sources"]
+    );
+    // It recovers; the next try, a dead interval later, admits it.
+    flaky.set_mode(ProxyMode::Normal).await;
+    let both: HashSet<String> = ["good", "flaky"].map(String::from).into();
+    assert!(wait_members(&gw, &both, Duration::from_secs(6)).await);
+    assert_eq!(gw.status().await["pools"][0]["sources"]["rejected"], 0);
+    gw.shutdown().await;
+}

@@ -306,11 +306,14 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
                 tracing::warn!(error = %e, "list members changed but the store could not be told; it is when it answers again");
             }
         }
+        let now = Instant::now();
         let wake = tracked
             .values()
             .filter_map(|t| {
+                // A retry already due waits for an admission slot: a finishing probe wakes the
+                // loop, so it is no reason to wake now.
                 let retry = t.verdicts.values().filter_map(|v| match v {
-                    Verdict::Rejected { retry_at, .. } => *retry_at,
+                    Verdict::Rejected { retry_at, .. } => retry_at.filter(|at| *at > now),
                     _ => None,
                 });
                 // Only the lock holder fetches; the others look again at the next poll.
@@ -318,7 +321,7 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
                 let follow = t.lock.is_none().then_some(t.follow_at).flatten();
                 retry.chain(fetch).chain(follow).min()
             })
-            .fold(Instant::now() + FILE_POLL_INTERVAL, Instant::min);
+            .fold(now + FILE_POLL_INTERVAL, Instant::min);
         tokio::select! {
             _ = tokio::time::sleep_until(wake) => {}
             Some(done) = done_rx.recv() => {
