@@ -576,3 +576,108 @@ async fn a_refused_candidate_is_tried_again_after_the_dead_interval() {
     assert_eq!(gw.status().await["pools"][0]["sources"]["rejected"], 0);
     gw.shutdown().await;
 }
+
+/// A TCP echo server on loopback (at most 8 connections).
+async fn echo_server() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        for _ in 0..8 {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlisted_upstream_drains_its_tunnel_and_its_session_follows_the_session_rules() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    common::init_tracing();
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let echo = echo_server().await;
+    let a = FakeProxy::start(FakeProxyOpts::default()).await;
+    let b = FakeProxy::start(FakeProxyOpts::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ups.txt");
+    std::fs::write(&file, format!("{}#a\n{}#b\n", a.url(), b.url())).unwrap();
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         [policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+         [pools.default]\nupstreams_file = \"{}\"\n",
+        echo.port(),
+        file.display()
+    );
+    let gw = TestGateway::start_text_with(&config, Default::default()).await;
+
+    // A session's tunnel, on whichever upstream the session is placed.
+    let basic = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode("me-session-s9:x")
+    };
+    let mut tunnel = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    tunnel
+        .write_all(
+            format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\nProxy-Authorization: Basic {basic}\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    for _ in 0..4096 {
+        tunnel.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+        if head.ends_with(b"\r\n\r\n") {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let bound = if head.contains("x-pool-upstream: a") {
+        "a"
+    } else {
+        "b"
+    };
+    let kept = if bound == "a" { "b" } else { "a" };
+    let kept_url = if bound == "a" { b.url() } else { a.url() };
+
+    // The session's upstream leaves the list.
+    std::fs::write(&file, format!("{kept_url}#{kept}\n")).unwrap();
+    assert!(
+        wait_members(
+            &gw,
+            &HashSet::from([kept.to_string()]),
+            Duration::from_secs(5)
+        )
+        .await
+    );
+
+    // The open tunnel still works: live work on a removed upstream finishes.
+    tunnel.write_all(b"still here").await.unwrap();
+    let mut back = [0u8; 10];
+    tokio::time::timeout(Duration::from_secs(5), tunnel.read_exact(&mut back))
+        .await
+        .expect("the tunnel answers")
+        .unwrap();
+    assert_eq!(&back, b"still here");
+    // The session is not moved silently: 502 session-upstream-unavailable.
+    let r = gw
+        .client_via(&format!("http://me-session-s9:x@{}", gw.proxy), None)
+        .get(origin.url("/after"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.headers()["x-pool-error"], "session-upstream-unavailable");
+    // Other traffic goes to the kept upstream.
+    let r = gw.client().get(origin.url("/other")).send().await.unwrap();
+    assert_eq!(r.headers()["x-pool-upstream"], kept);
+    drop(tunnel);
+    gw.shutdown().await;
+}
