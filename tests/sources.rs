@@ -1,7 +1,9 @@
 //! Upstream lists: `upstreams_file` edited under load (members join after passing a probe,
 //! leave by draining, a session on a kept upstream keeps it, no client request fails),
 //! `upstreams_url` candidate lists (only the entries that pass admission join; a list that can no
-//! longer be fetched keeps its members), and malformed lines skipped with a warning.
+//! longer be fetched keeps its members), malformed lines skipped with a warning, a half-written
+//! file, retries of refused candidates, a dropped upstream's tunnel and session, and two
+//! instances on one Redis sharing one reader.
 //!
 //! Everything runs on loopback: fake proxies that dial loopback only, origins as control targets
 //! and list servers.
