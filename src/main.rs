@@ -77,6 +77,22 @@ fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => match Config::load(&cli.config) {
             Ok(c) => {
+                // A malformed line is skipped at run time, not refused; say so here as well.
+                for p in c.pools.values() {
+                    let Some(path) = &p.sources.file else {
+                        continue;
+                    };
+                    if let Ok(text) = std::fs::read_to_string(path) {
+                        let listed =
+                            poolgate::sources::list::parse(&text, &path.display().to_string());
+                        for why in listed.skipped {
+                            eprintln!(
+                                "warning: pools.{}.upstreams_file: {why} (the line is skipped)",
+                                p.name
+                            );
+                        }
+                    }
+                }
                 let lists = c.pools.values().filter(|p| !p.sources.is_empty()).count();
                 println!(
                     "{}: ok ({} pool(s), {} inline upstream(s){})",

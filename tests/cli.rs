@@ -98,6 +98,30 @@ queue_timeout = "later"
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_conc"));
 }
 
+#[test]
+fn check_warns_about_skipped_list_lines_without_failing_or_echoing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ups.txt"),
+        "# list\nhttp://u:pw@127.0.0.1:3128#a\nhttp://u:topsecret@nohost\n",
+    )
+    .unwrap();
+    let path = write_config(&dir, "[pools.default]\nupstreams_file = \"ups.txt\"\n");
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("pools.default.upstreams_file") && err.contains("line 3"),
+        "{err}"
+    );
+    assert!(!err.contains("topsecret"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_20_in_flight_requests_finish_then_exits_zero() {
     let origin = Origin::start(OriginBehaviour::echo()).await;
