@@ -374,19 +374,27 @@ wrk_run() { # wrk_run SECONDS: prints the wrk-result line
 # Commands the gateway sends per request, a script counting once: INFO commandstats also counts
 # every call a script makes, so this watches a short extra load with MONITOR, which marks calls
 # made inside scripts "lua", and counts the other lines.
-measure_redis_sent() {
-  local mon line requests sent
-  timeout $((warm_s + 10)) redis-cli -p "$redis_port" MONITOR >"$work/monitor.txt" 2>/dev/null &
+# The gateway's background work (events, health, probes) is counted over an idle window of the
+# same length first and taken off.
+monitor_count() { # monitor_count SECONDS [CMD...]: commands sent while CMD runs (or SECONDS pass)
+  local seconds=$1 mon
+  shift
+  timeout $((seconds + 10)) redis-cli -p "$redis_port" MONITOR >"$work/monitor.txt" 2>/dev/null &
   mon=$!
   sleep 0.5
-  line=$(wrk_run "$warm_s") || line=""
+  if [ $# -gt 0 ]; then "$@" >"$work/monitor-load.txt" || true; else sleep "$seconds"; fi
   sleep 0.5
   kill -TERM "$mon" 2>/dev/null || true
   wait "$mon" 2>/dev/null || true
-  requests=$(sed -nE 's/.* requests=([0-9]+).*/\1/p' <<<"$line")
-  sent=$(grep -E '^[0-9.]+ \[' "$work/monitor.txt" | grep -vc '\[[0-9]* lua\]' || true)
+  grep -E '^[0-9.]+ \[' "$work/monitor.txt" | grep -vc '\[[0-9]* lua\]' || true
+}
+measure_redis_sent() {
+  local idle sent requests
+  idle=$(monitor_count "$warm_s")
+  sent=$(monitor_count "$warm_s" wrk_run "$warm_s")
+  requests=$(sed -nE 's/.* requests=([0-9]+).*/\1/p' "$work/monitor-load.txt")
   if [ "${requests:-0}" -gt 0 ]; then
-    record redis redis_cmds_per_req "$(awk -v s="$sent" -v r="$requests" 'BEGIN { printf "%.2f", s / r }')"
+    record redis redis_cmds_per_req "$(awk -v s="$sent" -v i="$idle" -v r="$requests" 'BEGIN { printf "%.2f", (s - i) / r }')"
   fi
 }
 
