@@ -341,6 +341,7 @@ EOF
         store="kind = \"redis\""$'\n'"url = \"redis://127.0.0.1:$redis_port\""
         write_gateway_config
       fi
+      proxy_admin=127.0.0.1:$admin
       POOLGATE_LOG=warn start "$column-$launch" "$poolgate" --config "$dir/gateway.toml"
       proxy_pid=$started
       proxy_addr=127.0.0.1:$port
@@ -388,11 +389,18 @@ monitor_count() { # monitor_count SECONDS [CMD...]: commands sent while CMD runs
   wait "$mon" 2>/dev/null || true
   grep -E '^[0-9.]+ \[' "$work/monitor.txt" | grep -vc '\[[0-9]* lua\]' || true
 }
+# Requests are counted by the gateway itself (/metrics): wrk leaves out the ones still in flight
+# when it stops, which the gateway served all the same (up to one per connection).
+gateway_requests() {
+  curl -s -m 5 "http://$proxy_admin/metrics" |
+    awk '/^poolgate_requests_total/ { s += $NF } END { printf "%d", s }'
+}
 measure_redis_sent() {
-  local idle sent requests
+  local idle sent requests before
   idle=$(monitor_count "$warm_s")
+  before=$(gateway_requests)
   sent=$(monitor_count "$warm_s" wrk_run "$warm_s")
-  requests=$(sed -nE 's/.* requests=([0-9]+).*/\1/p' "$work/monitor-load.txt")
+  requests=$(($(gateway_requests) - before))
   if [ "${requests:-0}" -gt 0 ]; then
     record redis redis_cmds_per_req "$(awk -v s="$sent" -v i="$idle" -v r="$requests" 'BEGIN { printf "%.2f", (s - i) / r }')"
   fi
