@@ -18,7 +18,11 @@
 # → req/s, p50, p99; CONNECT setups/s (new connection + CONNECT + one request + close, 32 at a
 # time); MB/s through one tunnel; peak RSS of the proxy under the HTTP load (VmHWM); RSS per idle
 # tunnel with 10,000 tunnels open (VmRSS before and after, on a freshly started proxy); Redis
-# commands per request (INFO commandstats before and after the HTTP load).
+# commands sent per request (scripts count once; MONITOR during a short extra load) and Redis
+# calls per request including those scripts make (INFO commandstats around the HTTP load).
+#
+# POOLGATE_BIN=path measures that poolgate binary instead of the one just built (to compare two
+# builds on the same machine, one run after the other).
 #
 # Installs wrk, squid, redis-server and curl with apt-get when they are missing (Debian/Ubuntu;
 # run as root or with sudo available), like scripts/test. Builds target/release/poolgate (or under
@@ -101,7 +105,7 @@ target_dir=${CARGO_TARGET_DIR:-$root/target}
 log "building poolgate and bench_fixture (release)"
 timeout 1800 cargo build --release --quiet --bin poolgate
 timeout 1800 cargo build --release --quiet --example bench_fixture
-poolgate=$target_dir/release/poolgate
+poolgate=${POOLGATE_BIN:-$target_dir/release/poolgate}
 fixture=$target_dir/release/examples/bench_fixture
 
 # --- limits, scratch space, cleanup ----------------------------------------------------------
@@ -337,6 +341,7 @@ EOF
         store="kind = \"redis\""$'\n'"url = \"redis://127.0.0.1:$redis_port\""
         write_gateway_config
       fi
+      proxy_admin=127.0.0.1:$admin
       POOLGATE_LOG=warn start "$column-$launch" "$poolgate" --config "$dir/gateway.toml"
       proxy_pid=$started
       proxy_addr=127.0.0.1:$port
@@ -367,6 +372,40 @@ wrk_run() { # wrk_run SECONDS: prints the wrk-result line
     -s "$root/bench/proxy.lua" "http://$proxy_addr/" -- "http://$origin/1k" | grep '^wrk-result'
 }
 
+# Commands the gateway sends per request, a script counting once: INFO commandstats also counts
+# every call a script makes, so this watches a short extra load with MONITOR, which marks calls
+# made inside scripts "lua", and counts the other lines.
+# The gateway's background work (events, health, probes) is counted over an idle window of the
+# same length first and taken off.
+monitor_count() { # monitor_count SECONDS [CMD...]: commands sent while CMD runs (or SECONDS pass)
+  local seconds=$1 mon
+  shift
+  timeout $((seconds + 10)) redis-cli -p "$redis_port" MONITOR >"$work/monitor.txt" 2>/dev/null &
+  mon=$!
+  sleep 0.5
+  if [ $# -gt 0 ]; then "$@" >"$work/monitor-load.txt" || true; else sleep "$seconds"; fi
+  sleep 0.5
+  kill -TERM "$mon" 2>/dev/null || true
+  wait "$mon" 2>/dev/null || true
+  grep -E '^[0-9.]+ \[' "$work/monitor.txt" | grep -vc '\[[0-9]* lua\]' || true
+}
+# Requests are counted by the gateway itself (/metrics): wrk leaves out the ones still in flight
+# when it stops, which the gateway served all the same (up to one per connection).
+gateway_requests() {
+  curl -s -m 5 "http://$proxy_admin/metrics" |
+    awk '/^poolgate_requests_total/ { s += $NF } END { printf "%d", s }'
+}
+measure_redis_sent() {
+  local idle sent requests before
+  idle=$(monitor_count "$warm_s")
+  before=$(gateway_requests)
+  sent=$(monitor_count "$warm_s" wrk_run "$warm_s")
+  requests=$(($(gateway_requests) - before))
+  if [ "${requests:-0}" -gt 0 ]; then
+    record redis redis_cmds_per_req "$(awk -v s="$sent" -v i="$idle" -v r="$requests" 'BEGIN { printf "%.2f", (s - i) / r }')"
+  fi
+}
+
 measure_load() { # HTTP, CONNECT and bulk on one running proxy
   local column=$1 line before after out
   wrk_run "$warm_s" >/dev/null || true
@@ -382,7 +421,8 @@ measure_load() { # HTTP, CONNECT and bulk on one running proxy
     record "$column" http_errors $(($(v connect_errors) + $(v read_errors) + $(v write_errors) + $(v timeouts) + $(v non2xx)))
     if [ "$column" = redis ]; then
       after=$(redis_calls)
-      record "$column" redis_cmds_per_req "$(awk -v a="$after" -v b="$before" -v r="$requests" 'BEGIN { if (r > 0) printf "%.2f", (a - b) / r }')"
+      record "$column" redis_calls_per_req "$(awk -v a="$after" -v b="$before" -v r="$requests" 'BEGIN { if (r > 0) printf "%.2f", (a - b) / r }')"
+      measure_redis_sent
     fi
   else
     note "$column" "wrk failed or timed out"

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use aho_corasick::AhoCorasick;
+use aho_corasick::{AhoCorasick, AhoCorasickKind};
 
 use crate::config::CaptchaConfig;
 
@@ -105,9 +105,16 @@ pub struct CaptchaRules {
 
 impl CaptchaRules {
     pub fn new(cfg: &CaptchaConfig) -> Self {
-        let markers = AhoCorasick::builder()
-            .ascii_case_insensitive(true)
-            .build(&cfg.markers)
+        let build = |kind| {
+            AhoCorasick::builder()
+                .ascii_case_insensitive(true)
+                .kind(kind)
+                .build(&cfg.markers)
+        };
+        // A full DFA searches fastest and stays small for a few dozen markers; a marker list too
+        // large for one gets the automaton the library picks.
+        let markers = build(Some(AhoCorasickKind::DFA))
+            .or_else(|_| build(None))
             .ok()
             .filter(|_| !cfg.markers.is_empty())
             .map(Arc::new);
@@ -190,20 +197,25 @@ impl Sniffer {
         }
         let chunk = &chunk[..chunk.len().min(self.remaining)];
         self.remaining -= chunk.len();
-        // The seam: the end of what came before plus the start of this chunk.
-        let mut window = std::mem::take(&mut self.seam);
-        window.extend_from_slice(&chunk[..chunk.len().min(self.keep)]);
-        if self.ac.is_match(&window[..]) || self.ac.is_match(chunk) {
+        // The seam: the end of what came before plus the start of this chunk (nothing to join
+        // on the first chunk). One buffer, reused: no allocation per chunk.
+        let joined = !self.seam.is_empty();
+        self.seam
+            .extend_from_slice(&chunk[..chunk.len().min(self.keep)]);
+        if (joined && self.ac.is_match(&self.seam[..])) || self.ac.is_match(chunk) {
             self.found = true;
             return true;
         }
         // Keep the last `keep` bytes seen for the next seam.
-        self.seam = if chunk.len() >= self.keep {
-            chunk[chunk.len() - self.keep..].to_vec()
+        if chunk.len() >= self.keep {
+            self.seam.clear();
+            self.seam
+                .extend_from_slice(&chunk[chunk.len() - self.keep..]);
         } else {
-            // `window` is the old seam followed by the whole (short) chunk.
-            window[window.len().saturating_sub(self.keep)..].to_vec()
-        };
+            // The seam is the old seam followed by the whole (short) chunk.
+            let excess = self.seam.len().saturating_sub(self.keep);
+            self.seam.drain(..excess);
+        }
         false
     }
 

@@ -4,7 +4,7 @@
 //! nothing awaits while holding it. Time comes from `tokio::time::Instant`, so tests drive lease
 //! and session expiry with a paused clock.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -86,6 +86,12 @@ struct PoolState {
     /// Members in service ordered by allocation count: the least-used pick is the first
     /// eligible entry.
     by_allocs: BTreeSet<(u64, UpstreamId)>,
+    /// Members in service by [`Member::load_key`], kept only for `least-connections`: its pick
+    /// is the first entry not at its cap, found without scanning the pool.
+    by_load: BTreeSet<(u64, u64, u32)>,
+    /// Every live lease by deadline, so that expiry is exact (a member's live leases are the
+    /// ones it holds) and the earliest deadline is found without scanning the pool.
+    deadlines: BTreeMap<(Instant, u64), UpstreamId>,
     rr_next: usize,
     sessions: HashMap<String, Binding>,
     next_lease: u64,
@@ -98,10 +104,12 @@ struct Member {
     state: MemberState,
     /// Round-robin turns passed over, for members of cost > 1.
     rr_credit: u32,
-    /// Live leases and their deadlines.
+    /// Live leases and their deadlines (each also in [`PoolState::deadlines`]).
     leases: HashMap<u64, Instant>,
     /// Still a member; a removed one lingers only until its last lease ends.
     in_pool: bool,
+    /// Position in the configured member list: the last tie-break of `least-connections`.
+    pos: u32,
     outcomes: [u64; Outcome::ALL.len()],
     latency_total: Duration,
     latency_count: u64,
@@ -115,6 +123,7 @@ impl Default for Member {
             rr_credit: 0,
             leases: HashMap::new(),
             in_pool: false,
+            pos: 0,
             outcomes: [0; Outcome::ALL.len()],
             latency_total: Duration::ZERO,
             latency_count: 0,
@@ -128,26 +137,93 @@ struct Binding {
 }
 
 impl Member {
-    fn live_leases(&mut self, now: Instant) -> usize {
-        self.leases.retain(|_, deadline| *deadline > now);
-        self.leases.len()
+    /// New work may go to it.
+    fn listed(&self) -> bool {
+        self.in_pool && self.state.eligible
+    }
+
+    /// `least-connections` order: fewest live leases × cost, then fewest allocations, then
+    /// configured order.
+    fn load_key(&self) -> (u64, u64, u32) {
+        (
+            self.leases.len() as u64 * u64::from(self.state.cost.max(1)),
+            self.allocs,
+            self.pos,
+        )
     }
 }
 
 impl PoolState {
-    fn at_cap(&mut self, id: &UpstreamId, now: Instant) -> bool {
+    fn tracks_load(&self) -> bool {
+        self.spec.strategy == Strategy::LeastConnections
+    }
+
+    /// Changes member `id` with `change`, keeping the ordered indexes in step with it.
+    fn update<T>(&mut self, id: &UpstreamId, change: impl FnOnce(&mut Member) -> T) -> Option<T> {
+        let tracks_load = self.tracks_load();
+        let m = self.members.get_mut(id)?;
+        let before = (m.listed(), m.allocs, m.load_key());
+        let out = change(m);
+        let after = (m.listed(), m.allocs, m.load_key());
+        if before.0 != after.0 || before.1 != after.1 {
+            if before.0 {
+                self.by_allocs.remove(&(before.1, id.clone()));
+            }
+            if after.0 {
+                self.by_allocs.insert((after.1, id.clone()));
+            }
+        }
+        if tracks_load && before != after {
+            if before.0 {
+                self.by_load.remove(&before.2);
+            }
+            if after.0 {
+                self.by_load.insert(after.2);
+            }
+        }
+        Some(out)
+    }
+
+    /// Ends the leases whose deadline has passed: capacity held by a lease nobody released
+    /// (its gateway task died) comes back by itself.
+    fn expire(&mut self, now: Instant) {
+        while let Some(entry) = self.deadlines.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, lease), id) = entry.remove_entry();
+            let gone = self.update(&id, |m| {
+                m.leases.remove(&lease);
+                !m.in_pool && m.leases.is_empty()
+            });
+            if gone == Some(true) {
+                self.members.remove(&id);
+            }
+        }
+    }
+
+    /// Ends one lease; true when its member was removed from the pool and this was its last.
+    fn end_lease(&mut self, id: &UpstreamId, lease: u64) -> bool {
+        let ended = self.update(id, |m| m.leases.remove(&lease));
+        if let Some(Some(deadline)) = ended {
+            self.deadlines.remove(&(deadline, lease));
+        }
+        self.members
+            .get(id)
+            .is_some_and(|m| !m.in_pool && m.leases.is_empty())
+    }
+
+    fn at_cap(&self, id: &UpstreamId) -> bool {
         let cap = self.spec.max_concurrency;
-        match self.members.get_mut(id) {
-            Some(m) => cap.is_some_and(|cap| m.live_leases(now) >= cap as usize),
+        match self.members.get(id) {
+            Some(m) => cap.is_some_and(|cap| m.leases.len() >= cap as usize),
             None => true,
         }
     }
 
     /// A member new work may go to.
     fn eligible(&self, id: &UpstreamId) -> bool {
-        self.members
-            .get(id)
-            .is_some_and(|m| m.in_pool && m.state.eligible)
+        self.members.get(id).is_some_and(Member::listed)
     }
 
     /// A member its existing sessions may keep using.
@@ -162,13 +238,12 @@ impl PoolState {
         let lease = self.next_lease;
         self.next_lease += 1;
         let deadline = now + self.spec.lease_ttl;
-        if let Some(m) = self.members.get_mut(id) {
-            let cost = u64::from(m.state.cost.max(1));
-            if self.by_allocs.remove(&(m.allocs, id.clone())) {
-                self.by_allocs.insert((m.allocs + cost, id.clone()));
-            }
-            m.allocs += cost;
+        let held = self.update(id, |m| {
+            m.allocs += u64::from(m.state.cost.max(1));
             m.leases.insert(lease, deadline);
+        });
+        if held.is_some() {
+            self.deadlines.insert((deadline, lease), id.clone());
         }
         Acquired::Granted(Grant {
             upstream: id.clone(),
@@ -177,21 +252,25 @@ impl PoolState {
         })
     }
 
+    /// Expired leases must have been ended first ([`PoolState::expire`]).
     fn acquire_any(&mut self, exclude: &[UpstreamId], now: Instant) -> Acquired {
         let mut saw_candidate = false;
+        let cap = self.spec.max_concurrency;
+        let under_cap = |m: &Member| cap.is_none_or(|c| m.leases.len() < c as usize);
         let pick = match self.spec.strategy {
+            // The first entries of the ordered indexes: O(log n), plus one step per member
+            // passed over (excluded, or at its cap).
             Strategy::LeastUsed | Strategy::Weighted => {
-                let cap = self.spec.max_concurrency;
                 let mut pick = None;
                 for (_, id) in &self.by_allocs {
                     if exclude.contains(id) {
                         continue;
                     }
-                    let Some(m) = self.members.get_mut(id) else {
+                    let Some(m) = self.members.get(id) else {
                         continue;
                     };
                     saw_candidate = true;
-                    if cap.is_none_or(|c| m.live_leases(now) < c as usize) {
+                    if under_cap(m) {
                         pick = Some(id.clone());
                         break;
                     }
@@ -199,49 +278,40 @@ impl PoolState {
                 pick
             }
             Strategy::LeastConnections => {
-                // Fewest live leases × cost, then fewest allocations, then configured order.
-                let mut best: Option<(u64, u64, UpstreamId)> = None;
-                let cap = self.spec.max_concurrency;
-                for id in &self.spec.members {
+                let mut pick = None;
+                for &(_, _, pos) in &self.by_load {
+                    let Some(id) = self.spec.members.get(pos as usize) else {
+                        continue;
+                    };
                     if exclude.contains(id) {
                         continue;
                     }
-                    let Some(m) = self.members.get_mut(id) else {
+                    let Some(m) = self.members.get(id) else {
                         continue;
                     };
-                    if !(m.in_pool && m.state.eligible) {
-                        continue;
-                    }
                     saw_candidate = true;
-                    let live = m.live_leases(now);
-                    if cap.is_some_and(|c| live >= c as usize) {
-                        continue;
-                    }
-                    let load = live as u64 * u64::from(m.state.cost.max(1));
-                    if best
-                        .as_ref()
-                        .is_none_or(|(l, a, _)| (load, m.allocs) < (*l, *a))
-                    {
-                        best = Some((load, m.allocs, id.clone()));
+                    if under_cap(m) {
+                        pick = Some(id.clone());
+                        break;
                     }
                 }
-                best.map(|(_, _, id)| id)
+                pick
             }
             Strategy::RoundRobin => {
                 let n = self.spec.members.len();
                 let mut pick = None;
                 for step in 0..n {
                     let idx = (self.rr_next + step) % n;
-                    let id = self.spec.members[idx].clone();
-                    if exclude.contains(&id) || !self.eligible(&id) {
+                    let id = &self.spec.members[idx];
+                    if exclude.contains(id) || !self.eligible(id) {
                         continue;
                     }
                     saw_candidate = true;
-                    if self.at_cap(&id, now) {
+                    if self.at_cap(id) {
                         continue;
                     }
                     // A member of cost c takes one turn in c.
-                    if let Some(m) = self.members.get_mut(&id) {
+                    if let Some(m) = self.members.get_mut(id) {
                         if m.rr_credit + 1 < m.state.cost {
                             m.rr_credit += 1;
                             continue;
@@ -249,7 +319,7 @@ impl PoolState {
                         m.rr_credit = 0;
                     }
                     self.rr_next = (idx + 1) % n;
-                    pick = Some(id);
+                    pick = Some(id.clone());
                     break;
                 }
                 pick
@@ -278,7 +348,7 @@ impl PoolState {
             .map(|b| b.upstream.clone());
         if let Some(up) = bound {
             if self.keeps_sessions(&up) {
-                if self.at_cap(&up, now) {
+                if self.at_cap(&up) {
                     return Acquired::AtCapacity;
                 }
                 if let Some(b) = self.sessions.get_mut(key) {
@@ -294,7 +364,7 @@ impl PoolState {
         let Some(first) = preferred.iter().find(|id| self.eligible(id)).cloned() else {
             return Acquired::NoCandidates;
         };
-        if self.at_cap(&first, now) {
+        if self.at_cap(&first) {
             return Acquired::AtCapacity;
         }
         self.sessions.insert(
@@ -309,24 +379,15 @@ impl PoolState {
 
     fn set_member(&mut self, id: &UpstreamId, state: MemberState) {
         let floor = self.by_allocs.first().map_or(0, |(a, _)| *a);
-        let Some(m) = self.members.get_mut(id) else {
-            return;
-        };
-        let was_listed = m.in_pool && m.state.eligible;
-        m.state = state;
-        m.rr_credit = 0;
-        let listed = m.in_pool && m.state.eligible;
-        match (was_listed, listed) {
-            (true, false) => {
-                self.by_allocs.remove(&(m.allocs, id.clone()));
-            }
-            (false, true) => {
+        self.update(id, |m| {
+            let was_listed = m.listed();
+            m.state = state;
+            m.rr_credit = 0;
+            if !was_listed && m.listed() {
                 // A returning member is not flooded: it starts at the current minimum.
                 m.allocs = m.allocs.max(floor);
-                self.by_allocs.insert((m.allocs, id.clone()));
             }
-            _ => {}
-        }
+        });
     }
 
     fn sweep_sessions(&mut self, now: Instant) {
@@ -342,21 +403,35 @@ impl PoolState {
         for m in self.members.values_mut() {
             m.in_pool = false;
         }
-        self.by_allocs.clear();
-        for id in &spec.members {
+        for (pos, id) in spec.members.iter().enumerate() {
             let m = self.members.entry(id.clone()).or_insert_with(|| Member {
                 allocs: floor,
                 ..Member::default()
             });
-            m.in_pool = true;
-            if m.state.eligible {
-                self.by_allocs.insert((m.allocs, id.clone()));
+            if !m.in_pool {
+                m.in_pool = true;
+                m.pos = pos as u32;
             }
         }
         self.members
             .retain(|_, m| m.in_pool || !m.leases.is_empty());
         self.rr_next = 0;
         self.spec = spec;
+        self.by_allocs = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.listed())
+            .map(|(id, m)| (m.allocs, id.clone()))
+            .collect();
+        self.by_load = if self.tracks_load() {
+            self.members
+                .values()
+                .filter(|m| m.listed())
+                .map(Member::load_key)
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
     }
 }
 
@@ -394,6 +469,8 @@ impl Store for MemoryStore {
             },
             members: HashMap::new(),
             by_allocs: BTreeSet::new(),
+            by_load: BTreeSet::new(),
+            deadlines: BTreeMap::new(),
             rr_next: 0,
             sessions: HashMap::new(),
             next_lease: 1,
@@ -416,6 +493,7 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let (acquired, earliest) = {
             let mut state = lock(&entry);
+            state.expire(now);
             let acquired = match want {
                 Want::Any { exclude } => state.acquire_any(exclude, now),
                 Want::Session {
@@ -426,14 +504,7 @@ impl Store for MemoryStore {
                 } => state.acquire_session(key, ttl, preferred, rebind, now),
             };
             let earliest = (acquired == Acquired::AtCapacity)
-                .then(|| {
-                    state
-                        .members
-                        .values()
-                        .flat_map(|m| m.leases.values())
-                        .min()
-                        .copied()
-                })
+                .then(|| state.deadlines.first_key_value().map(|((at, _), _)| *at))
                 .flatten();
             (acquired, earliest)
         };
@@ -454,15 +525,12 @@ impl Store for MemoryStore {
         let entry = self.entry(pool)?;
         {
             let mut state = lock(&entry);
-            let mut gone = false;
             if let Some(m) = state.members.get_mut(upstream) {
-                m.leases.remove(&lease.0);
                 m.outcomes[outcome.index()] += 1;
                 m.latency_total += latency;
                 m.latency_count += 1;
-                gone = !m.in_pool && m.leases.is_empty();
             }
-            if gone {
+            if state.end_lease(upstream, lease.0) {
                 state.members.remove(upstream);
             }
         }
@@ -511,12 +579,15 @@ impl Store for MemoryStore {
         let entry = self.entry(pool)?;
         let mut state = lock(&entry);
         let deadline = Instant::now() + state.spec.lease_ttl;
-        if let Some(d) = state
+        let old = state
             .members
             .get_mut(upstream)
             .and_then(|m| m.leases.get_mut(&lease.0))
-        {
-            *d = deadline;
+            .map(|d| std::mem::replace(d, deadline));
+        if let Some(old) = old {
+            if let Some(id) = state.deadlines.remove(&(old, lease.0)) {
+                state.deadlines.insert((deadline, lease.0), id);
+            }
         }
         Ok(())
     }
@@ -565,13 +636,15 @@ impl Store for MemoryStore {
         let entry = self.entry(pool)?;
         let now = Instant::now();
         let mut state = lock(&entry);
+        state.expire(now);
         let sessions_live = state.sessions.values().filter(|b| b.expires > now).count() as u64;
-        let ids = state.spec.members.clone();
-        let members = ids
+        let members = state
+            .spec
+            .members
             .iter()
             .filter_map(|id| {
-                let m = state.members.get_mut(id)?;
-                let live = m.live_leases(now) as u64;
+                let m = state.members.get(id)?;
+                let live = m.leases.len() as u64;
                 Some(super::member_status(
                     id,
                     live,

@@ -15,7 +15,7 @@
 //! releases, member settings, unbinds) in a bounded backlog, and reconnects in the background with
 //! backoff. Once Redis answers, the backlog is replayed (after re-declaring the pools, and
 //! re-applying every member setting of this instance if Redis lost its data), and the instance is
-//! `ok` again. Sessions re-derive the same upstream by rendezvous hashing either way.
+//! `ok` again. Sessions re-derive the same upstream by consistent hashing either way.
 //!
 //! # Clocks
 //! Lease deadlines are written with this machine's wall clock (scripts take the time as an
