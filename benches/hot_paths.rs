@@ -1,7 +1,7 @@
 //! Micro-benchmarks of the pure functions every request runs through.
 //!
 //! - `placement/N`: sticky placement of a session key over a pool of N upstreams
-//!   (`Rendezvous::preferred`, the first 4 in the key's order). Issue #9 asks that 100,000
+//!   (`Ring::preferred`, the first 4 in the key's order). Issue #9 asks that 100,000
 //!   upstreams stay within 10× of 1,000.
 //! - `session/*`: reading the session, pool and lifetime from a request's headers and from a
 //!   proxy username.
@@ -36,7 +36,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use poolgate::config::{CaptchaConfig, DEFAULT_SNIFF_BYTES, Strategy};
 use poolgate::health::Outcome;
 use poolgate::health::classify::CaptchaRules;
-use poolgate::pool::Rendezvous;
+use poolgate::pool::Ring;
 use poolgate::session;
 use poolgate::store::memory::MemoryStore;
 use poolgate::store::{Acquired, PoolSpec, Store, Want};
@@ -65,7 +65,7 @@ fn keys() -> Vec<String> {
 fn placement(c: &mut Criterion) {
     let keys = keys();
     let large = upstream_ids(100_000);
-    let ring = Rendezvous::new(&large);
+    let ring = Ring::new(&large);
     eprintln!(
         "placement: the ring of 100,000 upstreams holds {:.1} MiB",
         ring.heap_bytes() as f64 / (1024.0 * 1024.0)
@@ -73,7 +73,7 @@ fn placement(c: &mut Criterion) {
     drop(ring);
     let mut group = c.benchmark_group("placement");
     for n in [10usize, 1_000, 100_000] {
-        let ring = Rendezvous::new(&upstream_ids(n));
+        let ring = Ring::new(&upstream_ids(n));
         let mut i = 0usize;
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {
@@ -85,7 +85,7 @@ fn placement(c: &mut Criterion) {
     // Built again on every reload of a pool's members.
     group.sample_size(10);
     group.bench_function("build/100000", |b| {
-        b.iter(|| black_box(Rendezvous::new(black_box(&large))))
+        b.iter(|| black_box(Ring::new(black_box(&large))))
     });
     group.finish();
 }

@@ -19,7 +19,7 @@
 //!   (CONNECT), [`proxy::framing`] (what is refused so nothing is framed two ways),
 //!   [`proxy::headers`] (hygiene), [`proxy::observe`] (lease held while the body streams),
 //!   [`proxy::pipe`] (the tunnel copy that knows who closed and who sent what).
-//! - [`pool`]: pools, [`pool::select`] (which upstream), [`pool::rendezvous`] (sticky placement),
+//! - [`pool`]: pools, [`pool::select`] (which upstream), [`pool::ring`] (sticky placement: consistent hashing),
 //!   [`pool::lease`].
 //! - [`ratelimit`]: per-instance rate limits per upstream, upstream × target and user.
 //! - [`store`]: the [`store::Store`] interface and its backends: [`store::memory`] (embedded)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use poolgate::config::{HealthConfig, Strategy};
 use poolgate::health::state::State;
 use poolgate::health::{self, Outcome, PoolHealth};
-use poolgate::pool::Rendezvous;
+use poolgate::pool::Ring;
 use poolgate::store::memory::MemoryStore;
 use poolgate::store::{Acquired, PoolSpec, Store, Want};
 use poolgate::upstream::UpstreamId;
@@ -22,7 +22,7 @@ struct Sim {
     store: MemoryStore,
     health: PoolHealth,
     members: Vec<UpstreamId>,
-    placement: Rendezvous,
+    placement: Ring,
     /// Requests each upstream received, in order.
     served: HashMap<UpstreamId, usize>,
     rebind: bool,
@@ -44,7 +44,7 @@ impl Sim {
             .unwrap();
         Sim {
             health: PoolHealth::new(POOL, cfg, Strategy::LeastUsed, &members),
-            placement: Rendezvous::new(&members),
+            placement: Ring::new(&members),
             store,
             members,
             served: HashMap::new(),

@@ -1,7 +1,7 @@
 //! Pools: named sets of upstreams, how a request picks one, and the lease it holds.
 
 pub mod lease;
-pub mod rendezvous;
+pub mod ring;
 pub mod select;
 
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use crate::store::PoolSpec;
 use crate::upstream::{Upstream, UpstreamId};
 
 pub use lease::{Exchange, Lease};
-pub use rendezvous::Rendezvous;
+pub use ring::Ring;
 
 /// One pool as configured, with what the hot path needs precomputed.
 #[derive(Debug)]
@@ -26,7 +26,7 @@ pub struct Pool {
     /// left, for the leases that still hold them.
     upstreams: HashMap<UpstreamId, Arc<Upstream>>,
     /// Sticky placement over the pool's members.
-    pub placement: Rendezvous,
+    pub placement: Ring,
     /// Passive health of the members; outlives reloads.
     pub health: Arc<PoolHealth>,
 }
@@ -45,7 +45,7 @@ impl Pool {
         }
         let health = health.pool(&config, &members);
         Pool {
-            placement: Rendezvous::new(&members),
+            placement: Ring::new(&members),
             members,
             upstreams,
             health,

@@ -22,7 +22,7 @@
 //!   every tie is broken by member id.
 //!
 //! Both counts are fixed: a count that depended on the pool's size would move keys when the pool
-//! grows. (The type keeps the name `Rendezvous`: it is where a key meets its upstream.)
+//! grows.
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -43,7 +43,7 @@ const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Two parallel vectors sorted by point, rather than one of (point, id): 12 bytes per point
 /// and a dense array for the binary searches.
 #[derive(Clone, Debug, Default)]
-pub struct Rendezvous {
+pub struct Ring {
     /// Members' points on the ring, ascending; ties ordered by member id.
     points: Vec<u64>,
     /// `points[i]` belongs to `members[owner[i]]`.
@@ -80,7 +80,7 @@ struct Walk {
     steps: usize,
 }
 
-impl Rendezvous {
+impl Ring {
     pub fn new(members: &[UpstreamId]) -> Self {
         let mut members = members.to_vec();
         members.sort_unstable();
@@ -109,7 +109,7 @@ impl Rendezvous {
             starts.push(points.len() as u32);
             starts
         };
-        Rendezvous {
+        Ring {
             points,
             owner,
             members,
@@ -226,7 +226,7 @@ mod tests {
         (0..n).map(|i| format!("session-{i}")).collect()
     }
 
-    fn first_choices(r: &Rendezvous, keys: &[String]) -> Vec<UpstreamId> {
+    fn first_choices(r: &Ring, keys: &[String]) -> Vec<UpstreamId> {
         keys.iter()
             .map(|k| r.preferred(k, 1, &[])[0].clone())
             .collect()
@@ -239,7 +239,7 @@ mod tests {
     #[test]
     fn keys_spread_evenly_and_removal_moves_only_the_removed_members_keys() {
         let all = members(8);
-        let r = Rendezvous::new(&all);
+        let r = Ring::new(&all);
         let keys = keys(1000);
         let first = first_choices(&r, &keys);
         let mut counts: HashMap<&UpstreamId, usize> = HashMap::new();
@@ -254,7 +254,7 @@ mod tests {
         );
 
         let removed = all[3].clone();
-        let r2 = Rendezvous::new(&without(&all, &removed));
+        let r2 = Ring::new(&without(&all, &removed));
         for (k, before) in keys.iter().zip(&first) {
             let after = r2.preferred(k, 1, &[])[0].clone();
             if *before != removed {
@@ -266,7 +266,7 @@ mod tests {
     #[test]
     fn a_large_pool_is_balanced_too() {
         let all = members(1000);
-        let r = Rendezvous::new(&all);
+        let r = Ring::new(&all);
         let mut counts: HashMap<UpstreamId, usize> = HashMap::new();
         for id in first_choices(&r, &keys(100_000)) {
             *counts.entry(id).or_default() += 1;
@@ -280,11 +280,11 @@ mod tests {
     fn a_hundred_removals_and_additions_each_move_only_the_changed_members_keys() {
         let all = members(64);
         let keys = keys(500);
-        let base = Rendezvous::new(&all);
+        let base = Ring::new(&all);
         let before = first_choices(&base, &keys);
         for step in 0..100 {
             let changed = &all[(step * 7) % all.len()];
-            let smaller = Rendezvous::new(&without(&all, changed));
+            let smaller = Ring::new(&without(&all, changed));
             let without_it = first_choices(&smaller, &keys);
             for ((k, b), a) in keys.iter().zip(&before).zip(&without_it) {
                 if b == changed {
@@ -305,7 +305,7 @@ mod tests {
             let newcomer = UpstreamId::new(format!("http://192.168.0.{step}:8080"));
             let mut grown = all.clone();
             grown.push(newcomer.clone());
-            let with_new = first_choices(&Rendezvous::new(&grown), &keys);
+            let with_new = first_choices(&Ring::new(&grown), &keys);
             for ((k, b), a) in keys.iter().zip(&before).zip(&with_new) {
                 assert!(
                     a == b || *a == newcomer,
@@ -318,7 +318,7 @@ mod tests {
     #[test]
     fn order_is_stable_and_exclusion_takes_the_next() {
         let all = members(5);
-        let r = Rendezvous::new(&all);
+        let r = Ring::new(&all);
         let order = r.preferred("k", 5, &[]);
         assert_eq!(order.len(), 5);
         let mut distinct = order.clone();
@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(r.preferred("k", 5, &order[..2]), order[2..].to_vec());
         assert!(r.preferred("k", 3, &order).is_empty());
         // Removing a member keeps the others' relative order.
-        let smaller = Rendezvous::new(&without(&all, &order[1]));
+        let smaller = Ring::new(&without(&all, &order[1]));
         let mut expected = order.clone();
         expected.remove(1);
         assert_eq!(smaller.preferred("k", 4, &[]), expected);
@@ -343,20 +343,20 @@ mod tests {
         let mut shuffled = all.clone();
         shuffled.reverse();
         shuffled.push(all[7].clone());
-        let (a, b) = (Rendezvous::new(&all), Rendezvous::new(&shuffled));
+        let (a, b) = (Ring::new(&all), Ring::new(&shuffled));
         assert_eq!(b.len(), 50, "duplicates count once");
         for k in keys(200) {
             assert_eq!(a.preferred(&k, 4, &[]), b.preferred(&k, 4, &[]));
         }
-        assert!(Rendezvous::new(&[]).preferred("k", 4, &[]).is_empty());
-        let one = Rendezvous::new(&all[..1]);
+        assert!(Ring::new(&[]).preferred("k", 4, &[]).is_empty());
+        let one = Ring::new(&all[..1]);
         assert_eq!(one.preferred("k", 4, &[]), all[..1].to_vec());
     }
 
     #[test]
     fn the_search_index_finds_what_a_full_search_finds() {
         for n in [1usize, 2, 3, 100, 2000] {
-            let r = Rendezvous::new(&members(n));
+            let r = Ring::new(&members(n));
             assert_eq!(r.bucket_bits == 0, n * POINTS_PER_MEMBER < 8, "n {n}");
             let probes = (0..2000u64).map(|i| nth(i, 0)).chain([
                 0,
@@ -378,7 +378,7 @@ mod tests {
     #[test]
     fn fixed_hash_gives_fixed_answers() {
         // Pinned: a change of hash, probes or tie-breaks re-derives every unbound session.
-        let r = Rendezvous::new(&members(8));
+        let r = Ring::new(&members(8));
         let got: Vec<String> = r
             .preferred("session-42", 3, &[])
             .iter()
