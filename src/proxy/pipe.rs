@@ -17,6 +17,9 @@ use tokio::time::Instant;
 
 /// Bytes moved per read while a direction is busy (see [`pump`]).
 const BUF_BYTES: usize = 16 * 1024;
+/// How long a busy direction keeps its copy buffer after its last bytes: long enough that a bulk
+/// transfer, whose reads often find nothing for a moment, never gives it back mid-stream.
+const KEEP_BUFFER: Duration = Duration::from_secs(1);
 /// First byte of a TLS handshake record (a ClientHello).
 const TLS_HANDSHAKE: u8 = 0x16;
 /// `client_first` before the client sent anything.
@@ -131,10 +134,12 @@ where
 /// side), to say whose socket failed.
 ///
 /// An idle direction holds no copy buffer: it waits for bytes with a 64-byte one (what an empty
-/// `BytesMut` reserves when first read into), and only once a read fills that does it take a
-/// [`BUF_BYTES`] buffer, which it keeps while the reader has more at once and gives back as soon
-/// as a read would wait. Neither is zeroed. An idle tunnel so holds 128 bytes of buffers rather
-/// than two zeroed 16 KiB ones.
+/// `BytesMut` reserves when first read into). A short message is written from it as is; one that
+/// fills it takes a [`BUF_BYTES`] buffer together with whatever else can be read at once, so the
+/// bytes go out in one write. The direction keeps that buffer while bytes keep coming and gives it
+/// back after [`KEEP_BUFFER`] without any. Neither is zeroed. An idle tunnel so holds 128 bytes of
+/// buffers rather than two zeroed 16 KiB ones, and a bulk transfer never drops its buffer
+/// mid-stream.
 async fn pump<R, W>(
     r: &mut R,
     w: &mut W,
@@ -146,47 +151,57 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = BytesMut::new();
-    loop {
-        // Waiting: whatever small capacity `buf` has.
-        buf.clear();
-        let n = match r.read_buf(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) => return End::Error(sides.0, e),
+    let mut small = BytesMut::new();
+    let mut big: Option<BytesMut> = None;
+    let mut ended = false;
+    while !ended {
+        let chunk = match big.take() {
+            Some(mut buf) => {
+                buf.clear();
+                match tokio::time::timeout(KEEP_BUFFER, r.read_buf(&mut buf)).await {
+                    // Quiet for a while: wait on without the buffer.
+                    Err(_) => continue,
+                    Ok(Ok(0)) => break,
+                    Ok(Ok(_)) => Some(buf),
+                    Ok(Err(e)) => return End::Error(sides.0, e),
+                }
+            }
+            None => {
+                small.clear();
+                let n = match r.read_buf(&mut small).await {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) => return End::Error(sides.0, e),
+                };
+                if n < small.capacity() {
+                    None
+                } else {
+                    // More is likely waiting: take it now, into the full-size buffer.
+                    let mut buf = BytesMut::with_capacity(BUF_BYTES);
+                    buf.extend_from_slice(&small);
+                    match ready_now(r.read_buf(&mut buf)).await {
+                        Some(Ok(0)) => ended = true,
+                        Some(Err(e)) => return End::Error(sides.0, e),
+                        Some(Ok(_)) | None => {}
+                    }
+                    Some(buf)
+                }
+            }
         };
+        let bytes: &[u8] = chunk.as_deref().unwrap_or(&small);
         if let Some(first) = first {
             let _ = first.compare_exchange(
                 NO_BYTE,
-                u16::from(buf[0]),
+                u16::from(bytes[0]),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             );
         }
-        if let Err(e) = w.write_all(&buf).await {
+        if let Err(e) = w.write_all(bytes).await {
             return End::Error(sides.1, e);
         }
-        count.fetch_add(n as u64, Ordering::Relaxed);
-        if n < buf.capacity() {
-            continue;
-        }
-        // More is likely waiting: copy with a full-size buffer while reads need not wait.
-        let mut big = BytesMut::with_capacity(BUF_BYTES);
-        loop {
-            big.clear();
-            let n = match ready_now(r.read_buf(&mut big)).await {
-                // Nothing more for now: back to waiting without the buffer.
-                None => break,
-                Some(Ok(0)) => return finish(w, sides).await,
-                Some(Ok(n)) => n,
-                Some(Err(e)) => return End::Error(sides.0, e),
-            };
-            if let Err(e) = w.write_all(&big).await {
-                return End::Error(sides.1, e);
-            }
-            count.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        buf = BytesMut::new();
+        count.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        big = chunk;
     }
     finish(w, sides).await
 }
