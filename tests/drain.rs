@@ -10,26 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{Origin, OriginBehaviour};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const BIN: &str = env!("CARGO_BIN_EXE_poolgate");
-
-async fn echo_server() -> std::net::SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        for _ in 0..64 {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
 
 struct Child {
     child: tokio::process::Child,
@@ -133,7 +116,7 @@ async fn echoes(s: &mut TcpStream, msg: &[u8]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_50_requests_gives_10_tunnels_the_grace_and_releases_every_lease() {
     let origin = Origin::start(OriginBehaviour::echo()).await;
-    let echo = echo_server().await;
+    let echo = common::echo_server().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.toml");
     std::fs::write(

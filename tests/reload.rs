@@ -10,27 +10,9 @@ use std::time::Duration;
 
 use common::{FakeProxy, FakeProxyOpts, Origin, OriginBehaviour, TestGateway};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const TOKEN: &str = "reload-token-0123456789";
-
-/// A TCP echo server on loopback (bounded: at most 64 connections).
-async fn echo_server() -> std::net::SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        for _ in 0..64 {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
 
 fn config(ups: &[&FakeProxy], echo_port: u16, extra: &str) -> String {
     let list: Vec<String> = ups.iter().map(|u| format!("\"{}\"", u.url())).collect();
@@ -95,7 +77,7 @@ async fn echoes(s: &mut TcpStream, msg: &[u8]) {
 async fn five_reloads_under_load_drop_nothing() {
     common::init_tracing();
     let origin = Origin::start(OriginBehaviour::echo()).await;
-    let echo = echo_server().await;
+    let echo = common::echo_server().await;
     let mut ups = Vec::new();
     for _ in 0..4 {
         ups.push(FakeProxy::start(FakeProxyOpts::default()).await);

@@ -579,30 +579,12 @@ async fn a_refused_candidate_is_tried_again_after_the_dead_interval() {
     gw.shutdown().await;
 }
 
-/// A TCP echo server on loopback (at most 8 connections).
-async fn echo_server() -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        for _ in 0..8 {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unlisted_upstream_drains_its_tunnel_and_its_session_follows_the_session_rules() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     common::init_tracing();
     let origin = Origin::start(OriginBehaviour::echo()).await;
-    let echo = echo_server().await;
+    let echo = common::echo_server().await;
     let a = FakeProxy::start(FakeProxyOpts::default()).await;
     let b = FakeProxy::start(FakeProxyOpts::default()).await;
     let dir = tempfile::tempdir().unwrap();

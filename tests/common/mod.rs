@@ -67,6 +67,26 @@ const RAW_HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// `raw_http` reads at most this many bytes.
 const RAW_HTTP_MAX_BYTES: usize = 64 * 1024 * 1024;
 
+/// A TCP echo server on 127.0.0.1:0 for tunnel tests; it accepts at most 64 connections.
+pub async fn echo_server() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind echo server on loopback");
+    let addr = l.local_addr().expect("echo local_addr");
+    tokio::spawn(async move {
+        for _ in 0..64 {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
 /// A port on 127.0.0.1 that was free a moment ago (bind, read, drop).
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
