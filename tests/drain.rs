@@ -85,20 +85,8 @@ impl Child {
 }
 
 async fn tunnel(proxy: &str, echo: std::net::SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(proxy).await.unwrap();
-    s.write_all(format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    for _ in 0..4096 {
-        s.read_exact(&mut b).await.unwrap();
-        head.push(b[0]);
-        if head.ends_with(b"\r\n\r\n") {
-            break;
-        }
-    }
-    assert!(head.starts_with(b"HTTP/1.1 200"));
+    let (s, head) = common::connect_tunnel(proxy.parse().unwrap(), echo, "").await;
+    assert!(head.starts_with("HTTP/1.1 200"));
     s
 }
 

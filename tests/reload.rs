@@ -42,24 +42,8 @@ async fn admin_reload(gw: &TestGateway, token: Option<&str>) -> (u16, serde_json
 }
 
 async fn open_tunnel(gw: &TestGateway, echo: std::net::SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
-    s.write_all(format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    for _ in 0..4096 {
-        s.read_exact(&mut b).await.unwrap();
-        head.push(b[0]);
-        if head.ends_with(b"\r\n\r\n") {
-            break;
-        }
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    let (s, head) = common::connect_tunnel(gw.proxy, echo, "").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     s
 }
 

@@ -604,24 +604,13 @@ async fn an_unlisted_upstream_drains_its_tunnel_and_its_session_follows_the_sess
         use base64::Engine as _;
         base64::engine::general_purpose::STANDARD.encode("me-session-s9:x")
     };
-    let mut tunnel = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
-    tunnel
-        .write_all(
-            format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\nProxy-Authorization: Basic {basic}\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    for _ in 0..4096 {
-        tunnel.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-        if head.ends_with(b"\r\n\r\n") {
-            break;
-        }
-    }
-    let head = String::from_utf8_lossy(&head).to_lowercase();
+    let (mut tunnel, head) = common::connect_tunnel(
+        gw.proxy,
+        echo,
+        &format!("Proxy-Authorization: Basic {basic}\r\n"),
+    )
+    .await;
+    let head = head.to_lowercase();
     assert!(head.starts_with("http/1.1 200"), "{head}");
     let bound = if head.contains("x-pool-upstream: a") {
         "a"

@@ -76,6 +76,15 @@ pub struct SourceStatus {
     pub rejections: Vec<Rejection>,
 }
 
+impl SourceStatus {
+    /// Which lists the pool reads, and whether this instance reads them.
+    fn describe(&mut self, cfg: &SourcesConfig, leader: bool) {
+        self.leader = leader;
+        self.file = cfg.file.as_ref().map(|p| p.display().to_string());
+        self.url = cfg.url.as_ref().map(fetch::redact);
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Rejection {
     pub upstream: String,
@@ -535,9 +544,7 @@ async fn follow(gw: &Gateway, cfg: &PoolConfig, t: &mut Tracked) -> bool {
         .collect();
     let n = shared.len();
     gw.sources.update_status(&cfg.name, |s| {
-        s.leader = false;
-        s.file = cfg.sources.file.as_ref().map(|p| p.display().to_string());
-        s.url = cfg.sources.url.as_ref().map(fetch::redact);
+        s.describe(&cfg.sources, false);
         s.listed = n;
         s.admitted = n;
         s.probing = 0;
@@ -602,9 +609,7 @@ fn publish(gw: &Gateway, pool: &str, t: &Tracked, listed: &[Upstream]) -> bool {
     let n_admitted = admitted.len();
     let rejections = t.rejections.clone();
     gw.sources.update_status(pool, |s| {
-        s.leader = true;
-        s.file = t.cfg.file.as_ref().map(|p| p.display().to_string());
-        s.url = t.cfg.url.as_ref().map(fetch::redact);
+        s.describe(&t.cfg, true);
         s.listed = listed.len();
         s.admitted = n_admitted;
         s.probing = probing;

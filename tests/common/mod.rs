@@ -87,6 +87,35 @@ pub async fn echo_server() -> SocketAddr {
     addr
 }
 
+/// Opens a CONNECT tunnel to `target` through the loopback proxy `proxy`, with `extra_headers`
+/// (whole `Name: value\r\n` lines) in the request; returns the stream and the response head
+/// (at most 4 KiB, read byte by byte so nothing past it is consumed).
+pub async fn connect_tunnel(
+    proxy: SocketAddr,
+    target: SocketAddr,
+    extra_headers: &str,
+) -> (TcpStream, String) {
+    assert!(is_loopback_ip(proxy.ip()), "tests only talk to loopback");
+    let mut s = TcpStream::connect(proxy)
+        .await
+        .expect("connect to the proxy");
+    s.write_all(
+        format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra_headers}\r\n").as_bytes(),
+    )
+    .await
+    .expect("send CONNECT");
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    for _ in 0..4096 {
+        s.read_exact(&mut b).await.expect("read the CONNECT answer");
+        head.push(b[0]);
+        if head.ends_with(b"\r\n\r\n") {
+            break;
+        }
+    }
+    (s, String::from_utf8_lossy(&head).into_owned())
+}
+
 /// A port on 127.0.0.1 that was free a moment ago (bind, read, drop).
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
