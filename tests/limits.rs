@@ -185,8 +185,10 @@ async fn connections_past_the_limit_are_refused_without_harming_a_load_test() {
     warm.wait().await;
 
     // Fill what is left of the limit with idle connections.
+    // One per worker, and now and then a spare one: the shared client's pool opens another
+    // when a request starts before the previous response's connection is back in the pool.
     let open = gw.status().await["connections"]["open"].as_u64().unwrap();
-    assert!(open <= 8, "{open}");
+    assert!(open <= 16, "{open}");
     let mut idle = Vec::new();
     for _ in open..LIMIT {
         idle.push(TcpStream::connect(gw.proxy).await.unwrap());
