@@ -1,8 +1,9 @@
 //! The lease a request or tunnel holds on its upstream, from connect to close.
 //!
 //! Releasing is never forgotten: a lease dropped without [`Lease::finish`] (the client went away
-//! mid-response) is released as `cancelled`. Release runs on the task tracker, off the response
-//! path, and shutdown waits for it. The outcome goes to the store and to the pool's health engine,
+//! mid-response) is released as `cancelled`. Release never holds up the response: it completes on
+//! the spot when the store needs no waiting (the embedded store), and otherwise goes on in a task
+//! on the task tracker, which shutdown waits for. The outcome goes to the store and to the pool's health engine,
 //! whose decisions are applied to the store in the same task.
 //!
 //! A lease may also carry several exchanges: an inspected tunnel holds one lease (it is one
@@ -10,7 +11,9 @@
 //! [`Lease::record`] (or through an [`Exchange`]): health hears every one at once, the store's
 //! statistics count every one, and the lease's own release then adds nothing of its own.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -127,7 +130,7 @@ impl Lease {
         let pool = h.pool.clone();
         let upstream = h.grant.upstream.clone();
         let target = h.target_host.clone();
-        h.tasks.spawn(async move {
+        run_or_spawn(&h.tasks, async move {
             if let Some((o, l)) = previous {
                 if let Err(e) = store.record(pool.name(), &upstream, o, l).await {
                     tracing::warn!(upstream = %upstream, error = %e, "recording an outcome failed");
@@ -163,7 +166,8 @@ impl Lease {
             outcome.key(),
             latency.as_secs_f64(),
         );
-        h.tasks.spawn(async move {
+        let tasks = h.tasks.clone();
+        run_or_spawn(&tasks, async move {
             if let Err(e) = h
                 .store
                 .release(
@@ -185,6 +189,16 @@ impl Lease {
                 health::apply(&*h.store, h.pool.name(), changes).await;
             }
         });
+    }
+}
+
+/// Runs `work` here and now if it completes without waiting, else on the task tracker. Polled
+/// once with a waker that does nothing: the spawned task polls it again at once, with its own.
+fn run_or_spawn(tasks: &TaskTracker, work: impl Future<Output = ()> + Send + 'static) {
+    let mut work = Box::pin(work);
+    let mut cx = Context::from_waker(Waker::noop());
+    if work.as_mut().poll(&mut cx).is_pending() {
+        tasks.spawn(work);
     }
 }
 

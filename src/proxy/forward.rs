@@ -145,6 +145,9 @@ pub async fn handle(
     headers::clean_response(&mut parts.headers);
     let session = route.session.as_ref().map(|s| s.key.as_str());
     headers::annotate_response(&mut parts.headers, upstream.id.as_str(), session);
+    // Only a connection whose response passed the checks goes back to the idle list, once that
+    // response has been read to its end.
+    let body = limits::Guarded::new(body, gw.conns.giveback(key, sender));
     // What of the body has already arrived is read before the head goes to the client, so a
     // response whose body is broken from the start becomes a clean 502.
     let body = match limits::read_ahead(body, u64::MAX).await {
@@ -157,9 +160,6 @@ pub async fn handle(
             });
         }
     };
-    // Only a connection whose response passed the checks goes back to the idle list; hyper hands
-    // it out again only once this response was read to its end.
-    gw.conns.recycle(key, sender);
     let body = Observed::new(body, lease, outcome, sniffer).boxed();
     Ok(Response::from_parts(parts, body))
 }
