@@ -19,8 +19,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-use http::HeaderMap;
 use http::header::PROXY_AUTHORIZATION;
+use http::{HeaderMap, HeaderName};
 
 /// Longest session key accepted, from a header or a username.
 pub const MAX_SESSION_KEY_LEN: usize = 128;
@@ -42,14 +42,30 @@ pub const SESSION_HEADERS: &[&str] = &[
 
 /// Session headers in priority order, each with whether its value `create` asks for a minted key
 /// (only where the original gateway gives `create` that meaning) and the form it expects.
-const KEY_HEADERS: &[(&str, bool, &str)] = &[
-    ("x-pool-session", true, CREATE_OR_KEY_FORM),
-    ("x-lpm-session", false, HEADER_KEY_FORM),
-    ("zyte-session-id", false, HEADER_KEY_FORM),
-    ("x-crawlera-session", true, CREATE_OR_KEY_FORM),
+static KEY_HEADERS: [(HeaderName, bool, &str); 4] = [
+    (
+        HeaderName::from_static("x-pool-session"),
+        true,
+        CREATE_OR_KEY_FORM,
+    ),
+    (
+        HeaderName::from_static("x-lpm-session"),
+        false,
+        HEADER_KEY_FORM,
+    ),
+    (
+        HeaderName::from_static("zyte-session-id"),
+        false,
+        HEADER_KEY_FORM,
+    ),
+    (
+        HeaderName::from_static("x-crawlera-session"),
+        true,
+        CREATE_OR_KEY_FORM,
+    ),
 ];
 
-const POOL_HEADER: &str = "x-pool-name";
+static POOL_HEADER: HeaderName = HeaderName::from_static("x-pool-name");
 
 const HEADER_KEY_FORM: &str = "<key>, 1 to 128 characters of [A-Za-z0-9._~:@+=-]";
 const CREATE_OR_KEY_FORM: &str = "`create` or <key>, 1 to 128 characters of [A-Za-z0-9._~:@+=-]";
@@ -473,10 +489,11 @@ enum HeaderSession {
 /// not visible ASCII.
 fn single<'h>(
     headers: &'h HeaderMap,
-    name: &'static str,
+    header: &'static HeaderName,
     expected: &'static str,
 ) -> Result<Option<&'h str>, SessionError> {
-    let mut values = headers.get_all(name).iter();
+    let name = header.as_str();
+    let mut values = headers.get_all(header).iter();
     let Some(value) = values.next() else {
         return Ok(None);
     };
@@ -495,8 +512,9 @@ fn single<'h>(
 
 /// The first session header present, in priority order.
 fn header_session(headers: &HeaderMap) -> Result<Option<HeaderSession>, SessionError> {
-    for &(name, create, expected) in KEY_HEADERS {
-        let Some(value) = single(headers, name, expected)? else {
+    for (header, create, expected) in &KEY_HEADERS {
+        let (name, create, expected) = (header.as_str(), *create, *expected);
+        let Some(value) = single(headers, header, expected)? else {
             continue;
         };
         if create && value.eq_ignore_ascii_case("create") {
@@ -515,7 +533,7 @@ fn header_session(headers: &HeaderMap) -> Result<Option<HeaderSession>, SessionE
 }
 
 fn header_pool(headers: &HeaderMap) -> Result<Option<String>, SessionError> {
-    let Some(value) = single(headers, POOL_HEADER, POOL_HEADER_FORM)? else {
+    let Some(value) = single(headers, &POOL_HEADER, POOL_HEADER_FORM)? else {
         return Ok(None);
     };
     if is_name(value, MAX_POOL_NAME_LEN, |c| {
@@ -524,7 +542,7 @@ fn header_pool(headers: &HeaderMap) -> Result<Option<String>, SessionError> {
         Ok(Some(value.to_owned()))
     } else {
         Err(SessionError::InvalidHeader {
-            header: POOL_HEADER,
+            header: POOL_HEADER.as_str(),
             value: shown(value),
             expected: POOL_HEADER_FORM,
         })
@@ -1141,9 +1159,9 @@ mod tests {
         for h in SESSION_HEADERS {
             assert_eq!(*h, h.to_ascii_lowercase());
         }
-        for (name, _, _) in KEY_HEADERS {
-            assert!(SESSION_HEADERS.contains(name), "{name}");
+        for (name, _, _) in &KEY_HEADERS {
+            assert!(SESSION_HEADERS.contains(&name.as_str()), "{name}");
         }
-        assert!(SESSION_HEADERS.contains(&POOL_HEADER));
+        assert!(SESSION_HEADERS.contains(&POOL_HEADER.as_str()));
     }
 }

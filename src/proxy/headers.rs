@@ -9,7 +9,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use crate::session::SESSION_HEADERS;
 
 /// Always hop-by-hop, whatever `Connection` lists.
-const HOP_BY_HOP: [HeaderName; 8] = [
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -20,9 +20,13 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-/// Removes the headers named in `Connection`, then the fixed hop-by-hop set. `Transfer-Encoding`
-/// is removed too: the body is re-framed by hyper on the way out.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+static X_POOL_UPSTREAM: HeaderName = HeaderName::from_static("x-pool-upstream");
+static X_POOL_SESSION: HeaderName = HeaderName::from_static("x-pool-session");
+
+/// Removes the headers named in `Connection`, the fixed hop-by-hop set, `Transfer-Encoding` (the
+/// body is re-framed by hyper on the way out) and every header `also` picks. One pass over the
+/// names: most messages carry none of them, and then nothing is allocated or looked up.
+fn strip_hop_by_hop(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -30,10 +34,19 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| {
+            HOP_BY_HOP.contains(k)
+                || *k == header::TRANSFER_ENCODING
+                || listed.contains(k)
+                || also(k)
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
         headers.remove(name);
     }
-    headers.remove(header::TRANSFER_ENCODING);
 }
 
 /// Where `Transfer-Encoding` was present the body is re-framed, so a `Content-Length` that came
@@ -44,36 +57,29 @@ fn drop_stale_length(headers: &mut HeaderMap) {
     }
 }
 
-/// Prepares a client's request headers for the upstream.
+/// Prepares a client's request headers for the upstream: the gateway's own controls (`X-Pool-*`
+/// and the session aliases) go too.
 pub fn clean_request(headers: &mut HeaderMap) {
     drop_stale_length(headers);
-    strip_hop_by_hop(headers);
-    for name in SESSION_HEADERS {
-        headers.remove(*name);
-    }
-    let pool_headers: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-pool-"))
-        .cloned()
-        .collect();
-    for name in pool_headers {
-        headers.remove(name);
-    }
+    strip_hop_by_hop(headers, |k| {
+        let k = k.as_str();
+        k.starts_with("x-pool-") || SESSION_HEADERS.contains(&k)
+    });
 }
 
 /// Prepares an upstream's response headers for the client.
 pub fn clean_response(headers: &mut HeaderMap) {
     drop_stale_length(headers);
-    strip_hop_by_hop(headers);
+    strip_hop_by_hop(headers, |_| false);
 }
 
 /// Adds `X-Pool-Upstream` and, for sessions, `X-Pool-Session`.
 pub fn annotate_response(headers: &mut HeaderMap, upstream: &str, session: Option<&str>) {
     if let Ok(v) = HeaderValue::from_str(upstream) {
-        headers.insert("x-pool-upstream", v);
+        headers.insert(X_POOL_UPSTREAM.clone(), v);
     }
     if let Some(v) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
-        headers.insert("x-pool-session", v);
+        headers.insert(X_POOL_SESSION.clone(), v);
     }
 }
 
