@@ -61,6 +61,7 @@ pub mod app;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod fast_map;
 pub mod feedback;
 pub mod health;
 pub mod intercept;

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::HealthConfig;
+use crate::fast_map::FastMap;
 use crate::health::state::Sample;
 use crate::upstream::UpstreamId;
 
@@ -38,7 +39,7 @@ impl Cell {
 #[derive(Debug)]
 struct TargetStats {
     last_seen: Instant,
-    cells: HashMap<UpstreamId, Cell>,
+    cells: FastMap<UpstreamId, Cell>,
     incident_since: Option<Instant>,
     /// Cells whose latest outcome was bad (recent ones: older ones are expired periodically).
     failing: usize,
@@ -91,7 +92,7 @@ impl Targets {
                 target.to_string(),
                 TargetStats {
                     last_seen: now,
-                    cells: HashMap::new(),
+                    cells: FastMap::default(),
                     incident_since: None,
                     failing: 0,
                 },

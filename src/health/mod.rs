@@ -9,20 +9,20 @@ pub mod classify;
 pub mod engine;
 pub mod state;
 
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 pub use classify::Outcome;
 pub use engine::{Change, PoolHealth};
 
 use crate::config::PoolConfig;
+use crate::fast_map::FastMap;
 use crate::store::Store;
 use crate::upstream::UpstreamId;
 
 /// Every pool's health, kept across config reloads (a pool's engine is reconfigured, not rebuilt).
 #[derive(Default)]
 pub struct Registry {
-    pools: RwLock<HashMap<String, Arc<PoolHealth>>>,
+    pools: RwLock<FastMap<String, Arc<PoolHealth>>>,
 }
 
 impl Registry {

@@ -4,11 +4,11 @@ pub mod lease;
 pub mod ring;
 pub mod select;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{Config, PoolConfig};
 use crate::error::ProxyError;
+use crate::fast_map::FastMap;
 use crate::health::{self, PoolHealth};
 use crate::store::PoolSpec;
 use crate::upstream::{Upstream, UpstreamId};
@@ -24,7 +24,7 @@ pub struct Pool {
     members: Vec<UpstreamId>,
     /// Every upstream findable by id: the members, and (after a membership change) those that
     /// left, for the leases that still hold them.
-    upstreams: HashMap<UpstreamId, Arc<Upstream>>,
+    upstreams: FastMap<UpstreamId, Arc<Upstream>>,
     /// Sticky placement over the pool's members.
     pub placement: Ring,
     /// Passive health of the members; outlives reloads.
@@ -35,7 +35,7 @@ impl Pool {
     /// A pool of `config`'s inline upstreams and `listed` (admitted from its lists; an id that
     /// is also inline is the inline one).
     pub fn new(config: PoolConfig, listed: Vec<Upstream>, health: &health::Registry) -> Self {
-        let mut upstreams = HashMap::new();
+        let mut upstreams = FastMap::default();
         let mut members = Vec::new();
         for u in config.upstreams.iter().cloned().chain(listed) {
             if !upstreams.contains_key(&u.id) {
@@ -81,7 +81,7 @@ impl Pool {
 /// Every pool, swapped whole on reload.
 #[derive(Debug)]
 pub struct PoolSet {
-    pools: HashMap<String, Arc<Pool>>,
+    pools: FastMap<String, Arc<Pool>>,
     default: String,
 }
 

@@ -16,6 +16,7 @@ use super::{
     PoolStatus, Store, StoreError, Want,
 };
 use crate::config::Strategy;
+use crate::fast_map::FastMap;
 use crate::health::Outcome;
 use crate::upstream::UpstreamId;
 
@@ -23,7 +24,7 @@ use crate::upstream::UpstreamId;
 const SESSION_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 pub struct MemoryStore {
-    pools: RwLock<HashMap<String, Arc<PoolEntry>>>,
+    pools: RwLock<FastMap<String, Arc<PoolEntry>>>,
     /// Job locks: name → (holder's token, expiry).
     locks: Mutex<HashMap<String, (LockToken, Instant)>>,
     /// Kept so that subscribers wait quietly: one instance has no peers to hear from.
@@ -82,7 +83,7 @@ impl PoolEntry {
 
 struct PoolState {
     spec: PoolSpec,
-    members: HashMap<UpstreamId, Member>,
+    members: FastMap<UpstreamId, Member>,
     /// Members in service ordered by allocation count: the least-used pick is the first
     /// eligible entry.
     by_allocs: BTreeSet<(u64, UpstreamId)>,
@@ -105,7 +106,7 @@ struct Member {
     /// Round-robin turns passed over, for members of cost > 1.
     rr_credit: u32,
     /// Live leases and their deadlines (each also in [`PoolState::deadlines`]).
-    leases: HashMap<u64, Instant>,
+    leases: FastMap<u64, Instant>,
     /// Still a member; a removed one lingers only until its last lease ends.
     in_pool: bool,
     /// Position in the configured member list: the last tie-break of `least-connections`.
@@ -121,7 +122,7 @@ impl Default for Member {
             allocs: 0,
             state: MemberState::IN_SERVICE,
             rr_credit: 0,
-            leases: HashMap::new(),
+            leases: FastMap::default(),
             in_pool: false,
             pos: 0,
             outcomes: [0; Outcome::ALL.len()],
@@ -467,7 +468,7 @@ impl Store for MemoryStore {
                 members: Vec::new(),
                 ..spec.clone()
             },
-            members: HashMap::new(),
+            members: FastMap::default(),
             by_allocs: BTreeSet::new(),
             by_load: BTreeSet::new(),
             deadlines: BTreeMap::new(),
