@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::{HealthConfig, Strategy};
+use crate::fast_map::FastMap;
 use crate::health::Outcome;
 use crate::health::blame::{Cell, TargetChange, Targets};
 use crate::health::state::{Sample, State, Transition, UpstreamHealth};
@@ -97,7 +98,7 @@ struct Engine {
     cfg: HealthConfig,
     strategy: Strategy,
     members: Vec<UpstreamId>,
-    upstreams: HashMap<UpstreamId, Tracked>,
+    upstreams: FastMap<UpstreamId, Tracked>,
     targets: Targets,
     global_incident_since: Option<Instant>,
     /// The pool probes: a cool-down's end waits for passing probes instead of going half-open.
@@ -395,11 +396,7 @@ impl PoolHealth {
                 } else {
                     Sample::Fault
                 };
-                let guard = Self::guard(e, upstream);
-                let guard = guard.as_ref().map(|_| ()).map_err(String::as_str);
-                e.upstreams
-                    .get_mut(upstream)
-                    .and_then(|t| t.machine.observe(sample, &cfg, now, jitter, guard))
+                Self::feed(e, upstream, sample, &cfg, now, jitter)
             }
             State::Drained => None,
         };
@@ -466,12 +463,7 @@ impl PoolHealth {
         let mut changes = Vec::new();
         if blamed {
             let jitter = rand::random::<f64>() * 2.0 - 1.0;
-            let guard = Self::guard(e, upstream);
-            let guard = guard.as_ref().map(|_| ()).map_err(String::as_str);
-            let transition = e
-                .upstreams
-                .get_mut(upstream)
-                .and_then(|t| t.machine.observe(sample, &cfg, now, jitter, guard));
+            let transition = Self::feed(e, upstream, sample, &cfg, now, jitter);
             if let Some(t) = &transition {
                 self.log(upstream, t);
             }
@@ -486,6 +478,24 @@ impl PoolHealth {
     }
 
     /// Whether `upstream` may leave service now: the quarantine cap and `min_in_service`.
+    /// Feeds `sample` to `upstream`'s state machine. Should the machine ask the pool guard, the
+    /// guard looks at the other members: the entry is out of the map meanwhile.
+    fn feed(
+        e: &mut Engine,
+        upstream: &UpstreamId,
+        sample: Sample,
+        cfg: &HealthConfig,
+        now: Instant,
+        jitter: f64,
+    ) -> Option<Transition> {
+        let (id, mut t) = e.upstreams.remove_entry(upstream)?;
+        let transition = t
+            .machine
+            .observe(sample, cfg, now, jitter, || Self::guard(e, upstream));
+        e.upstreams.insert(id, t);
+        transition
+    }
+
     fn guard(e: &Engine, upstream: &UpstreamId) -> Result<(), String> {
         let n = e.members.len();
         let out = e

@@ -177,14 +177,15 @@ impl UpstreamHealth {
     }
 
     /// Feeds one sample; `jitter` in `[-1, 1]` spreads a cool-down that may start now. `guard`
-    /// is the pool's answer, asked beforehand, to "may this upstream leave service now?".
+    /// answers "may this upstream leave service now?" for the pool; it is asked only when the
+    /// upstream would leave, since answering looks at every member.
     pub fn observe(
         &mut self,
         sample: Sample,
         cfg: &HealthConfig,
         now: Instant,
         jitter: f64,
-        guard: Result<(), &str>,
+        guard: impl FnOnce() -> Result<(), String>,
     ) -> Option<Transition> {
         // A long enough healthy stretch forgives earlier quarantines.
         if self.state == State::Healthy
@@ -226,15 +227,16 @@ impl UpstreamHealth {
                     now,
                     jitter,
                     "failed in half-open".to_string(),
-                    guard,
+                    guard(),
                 )),
             },
             State::Healthy | State::Degraded => {
                 if let Some(reason) = self.quarantine_reason(cfg) {
-                    if self.held && guard.is_err() {
+                    let verdict = guard();
+                    if self.held && verdict.is_err() {
                         return None;
                     }
-                    return Some(self.leave_service(cfg, now, jitter, reason, guard));
+                    return Some(self.leave_service(cfg, now, jitter, reason, verdict));
                 }
                 if self.state == State::Healthy {
                     let reason = self.degrade_reason(cfg)?;
@@ -308,7 +310,7 @@ impl UpstreamHealth {
         now: Instant,
         jitter: f64,
         reason: String,
-        guard: Result<(), &str>,
+        guard: Result<(), String>,
     ) -> Transition {
         match guard {
             Ok(()) => self.quarantine(cfg, now, jitter, reason),
@@ -547,7 +549,7 @@ mod tests {
         now: Instant,
     ) -> Vec<Transition> {
         (0..n)
-            .filter_map(|_| h.observe(s, c, now, 0.0, Ok(())))
+            .filter_map(|_| h.observe(s, c, now, 0.0, || Ok(())))
             .collect()
     }
 
@@ -562,7 +564,7 @@ mod tests {
             } else {
                 Sample::Success
             };
-            changes.extend(h.observe(s, &c, Instant::now(), 0.0, Ok(())));
+            changes.extend(h.observe(s, &c, Instant::now(), 0.0, || Ok(())));
         }
         assert!(changes.is_empty(), "{changes:?}");
         assert_eq!(h.state(), State::Healthy);
@@ -639,7 +641,7 @@ mod tests {
         for j in [-1.0, -0.3, 0.0, 0.5, 1.0] {
             let mut h = UpstreamHealth::new(Instant::now());
             for _ in 0..3 {
-                h.observe(Sample::Fault, &c, Instant::now(), j, Ok(()));
+                h.observe(Sample::Fault, &c, Instant::now(), j, || Ok(()));
             }
             let len = h.quarantine_until().unwrap() - Instant::now();
             let lo = c.cooldown_base.mul_f64(1.0 - c.cooldown_jitter);
@@ -667,7 +669,7 @@ mod tests {
             } else {
                 Sample::Fault
             };
-            if h.observe(s, &c, Instant::now(), 0.0, Ok(())).is_some() {
+            if h.observe(s, &c, Instant::now(), 0.0, || Ok(())).is_some() {
                 changes += 1;
             }
         }
