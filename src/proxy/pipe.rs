@@ -15,8 +15,11 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
-/// Bytes moved per read while a direction is busy (see [`pump`]).
+/// Bytes moved per read when a direction gets busy (see [`pump`]).
 const BUF_BYTES: usize = 16 * 1024;
+/// The most a busy direction's buffer grows to while reads keep filling it: a bulk transfer then
+/// costs a sixteenth of the system calls.
+const MAX_BUF_BYTES: usize = 256 * 1024;
 /// How long a busy direction keeps its copy buffer after its last bytes: long enough that a bulk
 /// transfer, whose reads often find nothing for a moment, never gives it back mid-stream.
 const KEEP_BUFFER: Duration = Duration::from_secs(1);
@@ -137,9 +140,9 @@ where
 /// `BytesMut` reserves when first read into). A short message is written from it as is; one that
 /// fills it takes a [`BUF_BYTES`] buffer together with whatever else can be read at once, so the
 /// bytes go out in one write. The direction keeps that buffer while bytes keep coming and gives it
-/// back after [`KEEP_BUFFER`] without any. Neither is zeroed. An idle tunnel so holds 128 bytes of
-/// buffers rather than two zeroed 16 KiB ones, and a bulk transfer never drops its buffer
-/// mid-stream.
+/// back after [`KEEP_BUFFER`] without any. A read that fills the buffer doubles it for the next
+/// one, up to [`MAX_BUF_BYTES`]. Neither is zeroed. An idle tunnel so holds 128 bytes of buffers
+/// rather than two zeroed 16 KiB ones, and a bulk transfer never drops its buffer mid-stream.
 async fn pump<R, W>(
     r: &mut R,
     w: &mut W,
@@ -201,7 +204,14 @@ where
             return End::Error(sides.1, e);
         }
         count.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        big = chunk;
+        big = chunk.map(|buf| {
+            // Reads fill it: more is coming than it holds.
+            if buf.len() == buf.capacity() && buf.capacity() < MAX_BUF_BYTES {
+                BytesMut::with_capacity(buf.capacity() * 2)
+            } else {
+                buf
+            }
+        });
     }
     finish(w, sides).await
 }
@@ -299,6 +309,32 @@ mod tests {
         let report = run.await.unwrap();
         assert_eq!(report.client_bytes, sent.len() as u64);
         assert_eq!(report.upstream_bytes, 0);
+    }
+
+    #[tokio::test]
+    async fn a_bulk_stream_through_growing_buffers_arrives_whole() {
+        // A pipe far larger than the first busy buffer: reads fill it, and it grows to the cap.
+        let (client, mut client_peer) = duplex(1024 * 1024);
+        let (upstream, mut upstream_peer) = duplex(1024 * 1024);
+        let run = tokio::spawn(copy(client, upstream, None));
+        let data: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        let write = async {
+            upstream_peer.write_all(&data).await.unwrap();
+            drop(upstream_peer);
+        };
+        let mut got = Vec::new();
+        let read = client_peer.read_to_end(&mut got);
+        let ((), r) = tokio::join!(write, read);
+        r.unwrap();
+        assert!(
+            got == data,
+            "{} bytes of {} arrived, or out of order",
+            got.len(),
+            data.len()
+        );
+        drop(client_peer);
+        let report = run.await.unwrap();
+        assert_eq!(report.upstream_bytes, data.len() as u64);
     }
 
     #[tokio::test(start_paused = true)]
