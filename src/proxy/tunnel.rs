@@ -81,9 +81,14 @@ pub async fn handle(
         if !inspect {
             return relay(&gw, client, io, lease).await;
         }
-        match intercept::relay::open(&gw, client, &target, &exclude).await {
+        // Boxed: inspection's state is large, and an opaque tunnel should not carry (and copy
+        // into its task) room for it.
+        match Box::pin(intercept::relay::open(&gw, client, &target, &exclude)).await {
             Opening::Inspect(hello) => {
-                intercept::relay::serve(gw, hello, io, lease, target, session).await
+                Box::pin(intercept::relay::serve(
+                    gw, hello, io, lease, target, session,
+                ))
+                .await
             }
             Opening::PassThrough(client) => relay(&gw, client, io, lease).await,
             Opening::Gone => lease.finish(Outcome::Cancelled),

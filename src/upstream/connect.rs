@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream};
@@ -35,6 +35,8 @@ pub type BoxIo = Box<dyn Io>;
 /// Cap on a proxy's CONNECT reply header: a proxy that sends more is broken or hostile, and
 /// buffering it without bound would let one upstream exhaust the gateway's memory.
 const MAX_REPLY_HEAD: usize = 16 * 1024;
+/// What the reply head is first read into.
+const REPLY_HEAD_START: usize = 1024;
 /// Header slots for parsing a CONNECT reply; real proxies send a handful.
 const MAX_REPLY_HEADERS: usize = 64;
 
@@ -493,14 +495,22 @@ async fn http_connect(
 
 /// Reads the proxy's reply header; on 2xx returns the bytes that came after it, which already
 /// belong to the tunnel (a server-speaks-first protocol may arrive in the same segment).
+///
+/// The buffer starts small and is never zeroed: a reply head is a few hundred bytes, and this
+/// runs once per tunnel.
 async fn read_connect_reply(conn: &mut BoxIo, addr: &str) -> Result<Bytes, ConnectError> {
-    let mut buf = vec![0u8; MAX_REPLY_HEAD];
-    let mut filled = 0;
+    let mut buf = BytesMut::with_capacity(REPLY_HEAD_START);
     loop {
-        let n = conn
-            .read(&mut buf[filled..])
+        if buf.len() == buf.capacity() {
+            buf.reserve(buf.capacity().min(MAX_REPLY_HEAD - buf.len()));
+        }
+        let room = MAX_REPLY_HEAD - buf.len();
+        let n = (&mut *conn)
+            .take(room as u64)
+            .read_buf(&mut buf)
             .await
             .map_err(|e| io_error(addr, e))?;
+        let filled = buf.len();
         if n == 0 {
             return Err(if filled == 0 {
                 ConnectError::Reset { addr: addr.into() }
@@ -508,13 +518,12 @@ async fn read_connect_reply(conn: &mut BoxIo, addr: &str) -> Result<Bytes, Conne
                 bad_reply(addr, ReplyFault::Incomplete)
             });
         }
-        filled += n;
         let mut headers = [httparse::EMPTY_HEADER; MAX_REPLY_HEADERS];
         let mut reply = httparse::Response::new(&mut headers);
         match reply.parse(&buf[..filled]) {
             Ok(httparse::Status::Complete(head_len)) => {
                 return match reply.code.unwrap_or(0) {
-                    200..=299 => Ok(Bytes::copy_from_slice(&buf[head_len..filled])),
+                    200..=299 => Ok(Bytes::copy_from_slice(&buf[head_len..])),
                     407 => Err(ConnectError::ProxyAuth { addr: addr.into() }),
                     status => Err(ConnectError::ProxyRefused {
                         addr: addr.into(),
@@ -522,7 +531,7 @@ async fn read_connect_reply(conn: &mut BoxIo, addr: &str) -> Result<Bytes, Conne
                     }),
                 };
             }
-            Ok(httparse::Status::Partial) if filled == buf.len() => {
+            Ok(httparse::Status::Partial) if filled == MAX_REPLY_HEAD => {
                 return Err(bad_reply(addr, ReplyFault::Oversized));
             }
             Ok(httparse::Status::Partial) => {}
@@ -777,6 +786,54 @@ mod tests {
 
     const USER: &str = "alice";
     const PASSWORD: &str = "pa55-w0rd-xyz";
+
+    /// The reply head read from `chunks` written one by one, as a proxy trickling it out would.
+    async fn reply_from(chunks: Vec<Vec<u8>>) -> Result<Bytes, ConnectError> {
+        let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+        let writer = tokio::spawn(async move {
+            for c in chunks {
+                if theirs.write_all(&c).await.is_err() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        let mut conn: BoxIo = Box::new(ours);
+        let got = read_connect_reply(&mut conn, "proxy").await;
+        writer.abort();
+        got
+    }
+
+    #[tokio::test]
+    async fn connect_reply_heads_read_in_pieces_keep_the_bytes_after_them() {
+        // The end of the head comes together with the first tunnel bytes.
+        let head = b"HTTP/1.1 200 Connection established\r\nVia: x".to_vec();
+        let mut pieces: Vec<Vec<u8>> = head.chunks(3).map(<[u8]>::to_vec).collect();
+        pieces.push(b"\r\n\r\nSSH-2.0-hello".to_vec());
+        assert_eq!(&reply_from(pieces).await.unwrap()[..], b"SSH-2.0-hello");
+        // A head past the first buffer's size, still within the cap.
+        let mut long = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..40 {
+            long.extend_from_slice(format!("X-Filler-{i}: {}\r\n", "v".repeat(200)).as_bytes());
+        }
+        long.extend_from_slice(b"\r\n");
+        assert!(long.len() > REPLY_HEAD_START && long.len() < MAX_REPLY_HEAD);
+        assert!(reply_from(vec![long]).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_connect_reply_head_past_the_cap_is_refused_as_oversized() {
+        let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+        while head.len() <= MAX_REPLY_HEAD {
+            head.extend_from_slice(b"X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        }
+        let err = reply_from(vec![head]).await.unwrap_err();
+        assert!(err.to_string().contains("larger than"), "{err}");
+        let err = reply_from(vec![b"HTTP/1.1 200 OK\r\nVia".to_vec()])
+            .await
+            .unwrap_err();
+        assert!(!err.to_string().contains("larger than"), "{err}");
+    }
 
     /// Every test body runs under this bound so a stuck fake fails the test instead of hanging.
     async fn bounded<F: Future>(f: F) -> F::Output {
