@@ -32,39 +32,22 @@ done
 case "$seconds" in '' | *[!0-9]*) echo "instructions: --seconds takes a number" >&2; exit 64 ;; esac
 
 log() { printf 'instructions: %s\n' "$*" >&2; }
+# shellcheck source=bench/common.sh
+. "$root/bench/common.sh"
 
 missing=()
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing: ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  timeout 300 $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive timeout 600 $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-
-# Two invocations, as in bench/run.sh: the example's dev-dependencies must not change the features
-# of the binary measured.
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-log "building poolgate and bench_fixture (release)"
-timeout 1800 cargo build --release --quiet --bin poolgate
-timeout 1800 cargo build --release --quiet --example bench_fixture
-poolgate=${POOLGATE_BIN:-$target_dir/release/poolgate}
-fixture=$target_dir/release/examples/bench_fixture
+[ ${#missing[@]} -eq 0 ] || install_packages "${missing[@]}"
+build_release
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/poolgate-instr.XXXXXX")
 pids=()
 cleanup() {
-  local status=$? pid
+  local status=$?
   trap - EXIT INT TERM
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
+  stop_all "${pids[@]}"
   rm -rf "$work"
   exit "$status"
 }

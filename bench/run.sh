@@ -78,6 +78,8 @@ connect_concurrency=32
 pool_size=8
 
 log() { printf 'bench: %s\n' "$*" >&2; }
+# shellcheck source=bench/common.sh
+. "$root/bench/common.sh"
 
 # --- tools -----------------------------------------------------------------------------------
 squid_bin=$(command -v squid || true)
@@ -89,24 +91,12 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 if [ ${#missing[@]} -gt 0 ]; then
-  log "installing: ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  timeout 300 $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive timeout 600 $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  install_packages "${missing[@]}"
   squid_bin=$(command -v squid || echo /usr/sbin/squid)
 fi
 
 # --- build -----------------------------------------------------------------------------------
-# Two invocations on purpose: building the example pulls in the dev-dependencies, and cargo
-# unifies their features (tokio "full" and "test-util") into everything built in the same
-# invocation. The binary measured must be the one users run.
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-log "building poolgate and bench_fixture (release)"
-timeout 1800 cargo build --release --quiet --bin poolgate
-timeout 1800 cargo build --release --quiet --example bench_fixture
-poolgate=${POOLGATE_BIN:-$target_dir/release/poolgate}
-fixture=$target_dir/release/examples/bench_fixture
+build_release
 
 # --- limits, scratch space, cleanup ----------------------------------------------------------
 # The proxy holds two descriptors per tunnel, and so does the fake upstream behind it.
@@ -144,13 +134,7 @@ stop() { # stop PID: TERM, up to 5 s, then KILL
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
-  local pid
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
+  stop_all "${pids[@]}"
   if [ -n "$watchdog" ]; then
     kill -TERM "$watchdog" 2>/dev/null || true
     wait "$watchdog" 2>/dev/null || true

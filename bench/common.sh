@@ -1,0 +1,38 @@
+# Shared by the bench scripts (sourced, not run): installing what they need, building what they
+# measure, stopping what they started. Each script sets `root` (the repository) and `log` first.
+
+# install_packages PKG...: installs Debian/Ubuntu packages with apt-get (as root, or with sudo).
+install_packages() {
+  [ $# -gt 0 ] || return 0
+  log "installing: $*"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  timeout 300 $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive timeout 600 $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# build_release: builds the poolgate binary and the bench_fixture example (release) and sets
+# `poolgate` (POOLGATE_BIN when given) and `fixture`.
+#
+# Two invocations on purpose: building the example pulls in the dev-dependencies, and cargo
+# unifies their features (tokio "full" and "test-util") into everything built in the same
+# invocation. The binary measured must be the one users run.
+build_release() {
+  local target_dir=${CARGO_TARGET_DIR:-$root/target}
+  log "building poolgate and bench_fixture (release)"
+  timeout 1800 cargo build --release --quiet --bin poolgate
+  timeout 1800 cargo build --release --quiet --example bench_fixture
+  poolgate=${POOLGATE_BIN:-$target_dir/release/poolgate}
+  fixture=$target_dir/release/examples/bench_fixture
+}
+
+# stop_all PID...: TERM to each, up to 5 s for each to go, then KILL.
+stop_all() {
+  local pid
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "$@"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+}
