@@ -448,13 +448,15 @@ async fn two_instances_on_one_redis_fetch_and_probe_a_list_once_and_agree_on_its
         .collect();
     lines.push(format!("{}#bad", bad.url()));
     let list = Origin::start(OriginBehaviour::fixed(&lines.join("\n"))).await;
-    // Idle probes every 10 min: within this test only admission probes reach the proxies. A
-    // generous store timeout: a busy machine must not look like a Redis outage (in which each
+    // Idle probes once a day: the prober spreads first idle probes over the interval, the first
+    // member's within interval / (members + 1), so 10 min gave it one chance in five of an idle
+    // probe within this test's 24 s, and a day gives about one in 700. So only admission probes
+    // reach the proxies here. A generous store timeout: a busy machine must not look like a Redis outage (in which each
     // instance would rightly read and probe for itself).
     let config = format!(
         "{}[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\n\
          [pools.default]\nupstreams_url = \"{}\"\nupstreams_url_interval = \"10s\"\n\
-         [pools.default.probe]\ntargets = [\"{}\"]\nexpect_body = \"control-ok\"\ninterval = \"10m\"\ntimeout = \"2s\"\n",
+         [pools.default.probe]\ntargets = [\"{}\"]\nexpect_body = \"control-ok\"\ninterval = \"24h\"\ntimeout = \"2s\"\n",
         server(),
         redis.url(),
         list.url("/list"),
