@@ -3,8 +3,8 @@
 //! Releasing is never forgotten: a lease dropped without [`Lease::finish`] (the client went away
 //! mid-response) is released as `cancelled`. Release never holds up the response: it completes on
 //! the spot when the store needs no waiting (the embedded store), and otherwise goes on in a task
-//! on the task tracker, which shutdown waits for. The outcome goes to the store and to the pool's health engine,
-//! whose decisions are applied to the store in the same task.
+//! on the task tracker, which shutdown waits for. The outcome goes to the store and to the pool's
+//! health engine, whose decisions are applied to the store in the same step.
 //!
 //! A lease may also carry several exchanges: an inspected tunnel holds one lease (it is one
 //! connection through the upstream) and relays many requests. Each of them is recorded with
