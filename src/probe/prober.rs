@@ -28,7 +28,7 @@ use crate::health::engine::ProbePurpose;
 use crate::health::{self, PoolHealth};
 use crate::pool::Pool;
 use crate::state::Gateway;
-use crate::store::{LockToken, Store};
+use crate::store::job_lock::JobLock;
 use crate::upstream::connect::Connector;
 use crate::upstream::{Upstream, UpstreamId};
 
@@ -157,19 +157,17 @@ struct Schedule {
     entries: HashMap<UpstreamId, Entry>,
     /// Earliest time the next paced probe may start.
     pace_next: Instant,
-    lock: Option<LockToken>,
-    lock_renewed: Option<Instant>,
+    lock: JobLock,
     semaphore: Arc<Semaphore>,
     concurrency: usize,
 }
 
 impl Schedule {
-    fn new(concurrency: usize) -> Self {
+    fn new(pool: &str, concurrency: usize) -> Self {
         Schedule {
             entries: HashMap::new(),
             pace_next: Instant::now(),
-            lock: None,
-            lock_renewed: None,
+            lock: JobLock::new(format!("probe:{pool}")),
             semaphore: Arc::new(Semaphore::new(concurrency)),
             concurrency,
         }
@@ -191,17 +189,18 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
             let cfg = Arc::new(cfg);
             let sched = schedules
                 .entry(pool.name().to_string())
-                .or_insert_with(|| Schedule::new(cfg.concurrency));
+                .or_insert_with(|| Schedule::new(pool.name(), cfg.concurrency));
             if sched.concurrency != cfg.concurrency {
                 // A reload changed the bound; probes in flight finish under the old one.
+                let fresh = Schedule::new(pool.name(), cfg.concurrency);
                 *sched = Schedule {
-                    lock: sched.lock.take(),
-                    lock_renewed: sched.lock_renewed,
-                    ..Schedule::new(cfg.concurrency)
+                    lock: std::mem::replace(&mut sched.lock, fresh.lock),
+                    ..fresh
                 };
             }
             let shared = gw.probes.pool(pool.name());
-            if !lead(&gw, pool.name(), sched).await {
+            // Renewed at most once per turn of this loop.
+            if !sched.lock.lead(&*gw.store, LOCK_TTL, MAX_SLEEP).await {
                 sched.entries.clear();
                 lock(&shared).status.leader = false;
                 continue;
@@ -219,9 +218,7 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
             .collect();
         for name in gone {
             if let Some(s) = schedules.remove(&name) {
-                if let Some(token) = s.lock {
-                    let _ = gw.store.unlock(&lock_name(&name), &token).await;
-                }
+                s.lock.release(&*gw.store).await;
             }
             gw.probes.forget(&name);
         }
@@ -230,56 +227,8 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
             _ = gw.shutdown.cancelled() => break,
         }
     }
-    for (name, s) in schedules {
-        if let Some(token) = s.lock {
-            let _ = gw.store.unlock(&lock_name(&name), &token).await;
-        }
-    }
-}
-
-fn lock_name(pool: &str) -> String {
-    format!("probe:{pool}")
-}
-
-/// Takes or renews the pool's probe lock; true while this instance holds it. When the store
-/// cannot be reached, each instance probes for itself: duplicate probes are better than none.
-async fn lead(gw: &Gateway, pool: &str, sched: &mut Schedule) -> bool {
-    let now = Instant::now();
-    let name = lock_name(pool);
-    if let (Some(token), Some(renewed)) = (&sched.lock, sched.lock_renewed) {
-        if now.duration_since(renewed) < MAX_SLEEP {
-            return true;
-        }
-        match gw.store.extend_lock(&name, token, LOCK_TTL).await {
-            Ok(true) => {
-                sched.lock_renewed = Some(now);
-                return true;
-            }
-            Ok(false) => {
-                tracing::info!(
-                    pool,
-                    "probe lock lost; another instance probes this pool now"
-                );
-                sched.lock = None;
-            }
-            Err(e) => {
-                tracing::debug!(pool, error = %e, "probe lock not renewed: store unreachable; probing locally");
-                return true;
-            }
-        }
-    }
-    match gw.store.lock(&name, LOCK_TTL).await {
-        Ok(Some(token)) => {
-            tracing::info!(pool, "this instance probes the pool (probe lock taken)");
-            sched.lock = Some(token);
-            sched.lock_renewed = Some(now);
-            true
-        }
-        Ok(None) => false,
-        Err(e) => {
-            tracing::debug!(pool, error = %e, "probe lock not taken: store unreachable; probing locally");
-            true
-        }
+    for s in schedules.into_values() {
+        s.lock.release(&*gw.store).await;
     }
 }
 

@@ -29,7 +29,8 @@ use tokio::time::Instant;
 use crate::config::{PoolConfig, SourcesConfig};
 use crate::probe::prober::Runner;
 use crate::state::Gateway;
-use crate::store::{LockToken, Store};
+use crate::store::Store;
+use crate::store::job_lock::JobLock;
 use crate::upstream::{Upstream, UpstreamId};
 
 /// How often a list file's modification time and size are looked at.
@@ -213,7 +214,7 @@ struct Tracked {
     next_fetch: Instant,
     verdicts: HashMap<UpstreamId, Verdict>,
     rejections: Vec<Rejection>,
-    lock: Option<LockToken>,
+    lock: JobLock,
     /// This instance reads the lists (since it last followed another instance).
     leading: bool,
     /// The admitted members changed but the store has not taken them yet.
@@ -223,7 +224,7 @@ struct Tracked {
 }
 
 impl Tracked {
-    fn new(cfg: &SourcesConfig) -> Self {
+    fn new(pool: &str, cfg: &SourcesConfig) -> Self {
         Tracked {
             cfg: cfg.clone(),
             file_stamp: None,
@@ -238,7 +239,7 @@ impl Tracked {
             next_fetch: Instant::now(),
             verdicts: HashMap::new(),
             rejections: Vec::new(),
-            lock: None,
+            lock: JobLock::new(format!("sources:{pool}")),
             leading: false,
             unpublished: false,
             follow_at: None,
@@ -284,15 +285,14 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
             seen.insert(cfg.name.clone());
             let t = tracked
                 .entry(cfg.name.clone())
-                .or_insert_with(|| Tracked::new(&cfg.sources));
+                .or_insert_with(|| Tracked::new(&cfg.name, &cfg.sources));
             if t.cfg != cfg.sources {
                 // A reload pointed the pool at other lists: start over, keeping the verdicts
                 // (an upstream still listed keeps its place).
-                let verdicts = std::mem::take(&mut t.verdicts);
-                let lock = t.lock.take();
-                *t = Tracked::new(&cfg.sources);
-                t.verdicts = verdicts;
-                t.lock = lock;
+                let mut fresh = Tracked::new(&cfg.name, &cfg.sources);
+                fresh.verdicts = std::mem::take(&mut t.verdicts);
+                std::mem::swap(&mut fresh.lock, &mut t.lock);
+                *t = fresh;
             }
             changed |= turn(&gw, cfg, t, &runner, &done_tx).await;
         }
@@ -304,9 +304,7 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
             .collect();
         for name in gone {
             if let Some(t) = tracked.remove(&name) {
-                if let Some(token) = t.lock {
-                    let _ = gw.store.unlock(&lock_name(&name), &token).await;
-                }
+                t.lock.release(&*gw.store).await;
             }
             changed |= gw.sources.forget(&name);
         }
@@ -326,8 +324,8 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
                     _ => None,
                 });
                 // Only the lock holder fetches; the others look again at the next poll.
-                let fetch = (t.cfg.url.is_some() && t.lock.is_some()).then_some(t.next_fetch);
-                let follow = t.lock.is_none().then_some(t.follow_at).flatten();
+                let fetch = (t.cfg.url.is_some() && t.lock.held()).then_some(t.next_fetch);
+                let follow = (!t.lock.held()).then_some(t.follow_at).flatten();
                 retry.chain(fetch).chain(follow).min()
             })
             .fold(now + FILE_POLL_INTERVAL, Instant::min);
@@ -360,15 +358,9 @@ pub async fn run(gw: Arc<Gateway>, runner: Arc<dyn Runner>) {
             _ = gw.shutdown.cancelled() => break,
         }
     }
-    for (name, t) in tracked {
-        if let Some(token) = t.lock {
-            let _ = gw.store.unlock(&lock_name(&name), &token).await;
-        }
+    for t in tracked.into_values() {
+        t.lock.release(&*gw.store).await;
     }
-}
-
-fn lock_name(pool: &str) -> String {
-    format!("sources:{pool}")
 }
 
 /// One look at a pool's lists: re-read what changed, start admission probes for new
@@ -383,7 +375,7 @@ async fn turn(
     let name = cfg.name.as_str();
     // The lock is renewed every turn, so its holder keeps it and another instance takes over
     // within LOCK_TTL of its death.
-    if !lead(gw, name, t).await {
+    if !t.lock.lead(&*gw.store, LOCK_TTL, Duration::ZERO).await {
         return follow(gw, cfg, t).await;
     }
     let mut seeded = false;
@@ -722,27 +714,6 @@ fn list_failed(gw: &Gateway, pool: &str, why: String) {
         "upstream list not read; its members stay as they were"
     );
     gw.sources.update_status(pool, |s| s.last_error = Some(why));
-}
-
-/// Takes or renews the pool's sources lock; true while this instance holds it. When the store
-/// cannot be reached, each instance fetches for itself.
-async fn lead(gw: &Gateway, pool: &str, t: &mut Tracked) -> bool {
-    let name = lock_name(pool);
-    if let Some(token) = &t.lock {
-        match gw.store.extend_lock(&name, token, LOCK_TTL).await {
-            Ok(true) => return true,
-            Ok(false) => t.lock = None,
-            Err(_) => return true,
-        }
-    }
-    match gw.store.lock(&name, LOCK_TTL).await {
-        Ok(Some(token)) => {
-            t.lock = Some(token);
-            true
-        }
-        Ok(None) => false,
-        Err(_) => true,
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! reads and then writes (acquire, release, bind) is one atomic step of the store, so concurrent
 //! requests never double-book an upstream or disagree about a session.
 
+pub mod job_lock;
 pub mod memory;
 pub mod redis;
 
