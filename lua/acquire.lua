@@ -20,11 +20,15 @@
 -- KEYS[9]  sess      STRING  the session's upstream, PX = session TTL (session mode only)
 --
 -- ARGV[1]  now (ms)           ARGV[2]  lease id (chosen by the caller, unique)
--- ARGV[3]  lease TTL (ms)     ARGV[4]  cap: live leases per upstream (0 = none)
+-- ARGV[3]  lease deadline (ms, after now)   ARGV[4]  cap: live leases per upstream (0 = none)
 -- ARGV[5]  strategy: least-used | weighted | least-connections | round-robin
 -- ARGV[6]  events channel (a purge that freed capacity publishes "r")
--- ARGV[7]  mode: any | session
+-- ARGV[7]  mode: any | many | session
 --   any:     ARGV[8..]  upstreams to exclude (already tried)
+--   many:    ARGV[8..]  lease ids (ARGV[2] is ignored): one plain acquire per id, in order, as if
+--                       each were its own run; the reply is the list of their replies. A gateway
+--                       sends the plain acquires that queued up while its last call was under way
+--                       this way, so Redis pays the per-call cost once for all of them.
 --   session: ARGV[8] session TTL (ms)  ARGV[9] rebind (0|1)  ARGV[10] session key
 --            ARGV[11..] preferred upstreams, in consistent-hash order
 --
@@ -33,50 +37,77 @@
 --        | {"unavailable", upstream}                      the session's upstream cannot serve it
 --        | {"none"}                                       no eligible candidate at all
 --        | {"unconfigured"}                               the pool's state is missing (a reset)
+--
+-- Numbers go to Redis as the caller's strings where they can: Redis 7.0 formats every Lua number
+-- argument with printf("%.17g"), which was a tenth of this script's cost.
 
-local now = tonumber(ARGV[1])
+local now_s = ARGV[1]
+local now = tonumber(now_s)
 local lease = ARGV[2]
-local lease_ttl = tonumber(ARGV[3])
+local deadline_s = ARGV[3]
+local deadline = tonumber(deadline_s)
 local cap = tonumber(ARGV[4])
 local strategy = ARGV[5]
 local channel = ARGV[6]
 local mode = ARGV[7]
 
 -- Validate everything before the first write: Redis does not roll back a half-run script.
-if #KEYS < 8 or not now or not lease_ttl or lease_ttl <= 0 or not cap or cap < 0
-    or not lease or lease == '' or not channel then
+if #KEYS < 8 or not now or not deadline or deadline <= now or not cap or cap < 0
+    or not channel or (mode ~= 'many' and (not lease or lease == '')) then
   return redis.error_reply('ERR acquire: bad arguments')
 end
 if strategy ~= 'least-used' and strategy ~= 'weighted' and strategy ~= 'least-connections'
     and strategy ~= 'round-robin' then
   return redis.error_reply('ERR acquire: unknown strategy')
 end
-local sess_ttl, rebind, skey
+local sess_ttl, sess_ttl_s, rebind, skey
 if mode == 'session' then
   sess_ttl = tonumber(ARGV[8])
+  sess_ttl_s = ARGV[8]
   rebind = ARGV[9] == '1'
   skey = ARGV[10]
   if #KEYS < 9 or not sess_ttl or sess_ttl <= 0 or not skey or skey == '' then
     return redis.error_reply('ERR acquire: bad session arguments')
   end
+elseif mode == 'many' then
+  if #ARGV < 8 then
+    return redis.error_reply('ERR acquire: no lease ids')
+  end
+  for i = 8, #ARGV do
+    if ARGV[i] == '' then
+      return redis.error_reply('ERR acquire: empty lease id')
+    end
+  end
 elseif mode ~= 'any' then
   return redis.error_reply('ERR acquire: unknown mode')
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  if mode == 'many' then
+    local all = {}
+    for i = 8, #ARGV do
+      all[#all + 1] = {'unconfigured'}
+    end
+    return all
+  end
   return {'unconfigured'}
-end
-if redis.call('ZSCORE', KEYS[5], lease) then
-  return redis.error_reply('ERR acquire: lease id in use')
 end
 
 local CHUNK = 64
-local PURGE_MAX = 1000
+local PURGE_MAX = '1000'
+
+-- An index range for ZRANGE as strings (see above: no float formatting).
+local function range(first, count)
+  if first == 0 and count == CHUNK then return '0', '63' end
+  return string.format('%d', first), string.format('%d', first + count - 1)
+end
 
 local function decode(v)
   if not v then return nil end
   local e, k, c, s, r = string.match(v, '^(%d)|(%d)|(%d+)|([^|]+)|(%d+)$')
   if not e then return nil end
-  return {e = e == '1', k = k == '1', c = tonumber(c), s = tonumber(s) or 0, r = tonumber(r)}
+  local cost = tonumber(c)
+  return {e = e == '1', k = k == '1', c = cost, s = tonumber(s) or 0, r = tonumber(r),
+          step = cost >= 1 and c or '1'}
 end
 
 local function encode(m)
@@ -85,12 +116,12 @@ local function encode(m)
 end
 
 -- Leases past their deadline are void: their gateway is presumed dead.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, PURGE_MAX)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_s, 'LIMIT', '0', PURGE_MAX)
 if #expired > 0 then
   local ups = redis.call('HMGET', KEYS[6], unpack(expired))
   for _, up in ipairs(ups) do
     if up then
-      if redis.call('HINCRBY', KEYS[7], up, -1) <= 0 then
+      if redis.call('HINCRBY', KEYS[7], up, '-1') <= 0 then
         redis.call('HDEL', KEYS[7], up)
       end
     end
@@ -111,27 +142,34 @@ local function at_cap(up)
 end
 
 local function cap_reply()
-  local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', KEYS[5], '0', '0', 'WITHSCORES')
   return {'cap', first[2] or '-1'}
 end
 
--- Leases `up` and counts the allocation: the score grows by the member's cost.
+-- Leases `up` and counts the allocation: the score grows by the member's cost (in the members
+-- ZSET while it is eligible, else in its saved score). The lease id is claimed first, so an id in
+-- use gets nil and nothing of the grant is written. Ids are 63 random bits: that is a caller bug.
 local function grant(up, m, bound_now)
-  local cost = math.max(m.c, 1)
-  if redis.call('ZSCORE', KEYS[3], up) then
-    redis.call('ZINCRBY', KEYS[3], cost, up)
+  if redis.call('HSETNX', KEYS[6], lease, up) == 0 then
+    return nil
+  end
+  if m.e then
+    redis.call('ZINCRBY', KEYS[3], m.step, up)
   else
-    m.s = m.s + cost
+    m.s = m.s + math.max(m.c, 1)
     redis.call('HSET', KEYS[2], up, encode(m))
   end
-  redis.call('ZADD', KEYS[5], now + lease_ttl, lease)
-  redis.call('HSET', KEYS[6], lease, up)
-  redis.call('HINCRBY', KEYS[7], up, 1)
+  redis.call('ZADD', KEYS[5], deadline_s, lease)
+  redis.call('HINCRBY', KEYS[7], up, '1')
   return {'granted', up, bound_now}
 end
 
+local function in_use()
+  return redis.error_reply('ERR acquire: lease id in use')
+end
+
 if mode == 'session' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now_s)
   local bound = redis.call('GET', KEYS[9])
   if bound then
     local m = decode(redis.call('HGET', KEYS[2], bound))
@@ -140,9 +178,11 @@ if mode == 'session' then
       if at_cap(bound) then
         return cap_reply()
       end
-      redis.call('PEXPIRE', KEYS[9], sess_ttl)
+      local granted = grant(bound, m, '0')
+      if not granted then return in_use() end
+      redis.call('PEXPIRE', KEYS[9], sess_ttl_s)
       redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
-      return grant(bound, m, '0')
+      return granted
     end
     if not rebind then
       return {'unavailable', bound}
@@ -157,104 +197,124 @@ if mode == 'session' then
       if at_cap(up) then
         return cap_reply()
       end
-      redis.call('SET', KEYS[9], up, 'PX', sess_ttl)
+      local granted = grant(up, m, '1')
+      if not granted then return in_use() end
+      redis.call('SET', KEYS[9], up, 'PX', sess_ttl_s)
       redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
-      return grant(up, m, '1')
+      return granted
     end
   end
   return {'none'}
 end
 
+-- A plain acquire of `lease` by the pool's strategy, skipping `exclude`.
 local exclude = {}
+local function pick()
+  local saw = false
+
+  if strategy == 'least-used' or strategy == 'weighted' then
+    -- Ascending score, ties by id: the first member below its cap wins.
+    local start = 0
+    while true do
+      local lo, hi = range(start, CHUNK)
+      local batch = redis.call('ZRANGE', KEYS[3], lo, hi)
+      if #batch == 0 then break end
+      for _, up in ipairs(batch) do
+        if not exclude[up] then
+          local m = decode(redis.call('HGET', KEYS[2], up))
+          if m then
+            saw = true
+            if not at_cap(up) then
+              return grant(up, m, '0') or in_use()
+            end
+          end
+        end
+      end
+      start = start + CHUNK
+    end
+  elseif strategy == 'least-connections' then
+    -- Fewest live leases x cost, then fewest allocations, then configured order.
+    local best, best_m, best_load, best_allocs
+    local start = 0
+    while true do
+      local lo, hi = range(start, CHUNK)
+      local batch = redis.call('ZRANGE', KEYS[4], lo, hi)
+      if #batch == 0 then break end
+      for _, up in ipairs(batch) do
+        if not exclude[up] then
+          local m = decode(redis.call('HGET', KEYS[2], up))
+          if m and m.e then
+            saw = true
+            local l = live(up)
+            if cap == 0 or l < cap then
+              local load = l * math.max(m.c, 1)
+              local allocs = tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s)
+              if not best or load < best_load or (load == best_load and allocs < best_allocs) then
+                best, best_m, best_load, best_allocs = up, m, load, allocs
+              end
+            end
+          end
+        end
+      end
+      start = start + CHUNK
+    end
+    if best then
+      return grant(best, best_m, '0') or in_use()
+    end
+  else
+    -- Round-robin from the cursor; a member of cost c takes one turn in c.
+    local n = redis.call('ZCARD', KEYS[4])
+    local cursor = tonumber(redis.call('HGET', KEYS[1], 'rr') or '0') or 0
+    if cursor >= n then cursor = 0 end
+    local step = 0
+    while step < n do
+      local idx = (cursor + step) % n
+      local stop = math.min(idx + CHUNK - 1, n - 1, idx + (n - step) - 1)
+      local lo, hi = range(idx, stop - idx + 1)
+      local batch = redis.call('ZRANGE', KEYS[4], lo, hi)
+      if #batch == 0 then break end
+      for j, up in ipairs(batch) do
+        step = step + 1
+        if not exclude[up] then
+          local m = decode(redis.call('HGET', KEYS[2], up))
+          if m and m.e then
+            saw = true
+            if not at_cap(up) then
+              if m.r + 1 < m.c then
+                m.r = m.r + 1
+                redis.call('HSET', KEYS[2], up, encode(m))
+              else
+                local granted = grant(up, m, '0')
+                if not granted then return in_use() end
+                if m.r ~= 0 then
+                  m.r = 0
+                  redis.call('HSET', KEYS[2], up, encode(m))
+                end
+                redis.call('HSET', KEYS[1], 'rr', string.format('%d', (idx + j) % n))
+                return granted
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+
+  if saw then
+    return cap_reply()
+  end
+  return {'none'}
+end
+
+if mode == 'many' then
+  local replies = {}
+  for i = 8, #ARGV do
+    lease = ARGV[i]
+    replies[#replies + 1] = pick()
+  end
+  return replies
+end
 for i = 8, #ARGV do
   exclude[ARGV[i]] = true
 end
-local saw = false
-
-if strategy == 'least-used' or strategy == 'weighted' then
-  -- Ascending score, ties by id: the first member below its cap wins.
-  local start = 0
-  while true do
-    local batch = redis.call('ZRANGE', KEYS[3], start, start + CHUNK - 1)
-    if #batch == 0 then break end
-    for _, up in ipairs(batch) do
-      if not exclude[up] then
-        local m = decode(redis.call('HGET', KEYS[2], up))
-        if m then
-          saw = true
-          if not at_cap(up) then
-            return grant(up, m, '0')
-          end
-        end
-      end
-    end
-    start = start + CHUNK
-  end
-elseif strategy == 'least-connections' then
-  -- Fewest live leases x cost, then fewest allocations, then configured order.
-  local best, best_m, best_load, best_allocs
-  local start = 0
-  while true do
-    local batch = redis.call('ZRANGE', KEYS[4], start, start + CHUNK - 1)
-    if #batch == 0 then break end
-    for _, up in ipairs(batch) do
-      if not exclude[up] then
-        local m = decode(redis.call('HGET', KEYS[2], up))
-        if m and m.e then
-          saw = true
-          local l = live(up)
-          if cap == 0 or l < cap then
-            local load = l * math.max(m.c, 1)
-            local allocs = tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s)
-            if not best or load < best_load or (load == best_load and allocs < best_allocs) then
-              best, best_m, best_load, best_allocs = up, m, load, allocs
-            end
-          end
-        end
-      end
-    end
-    start = start + CHUNK
-  end
-  if best then
-    return grant(best, best_m, '0')
-  end
-else
-  -- Round-robin from the cursor; a member of cost c takes one turn in c.
-  local n = redis.call('ZCARD', KEYS[4])
-  local cursor = tonumber(redis.call('HGET', KEYS[1], 'rr') or '0') or 0
-  if cursor >= n then cursor = 0 end
-  local step = 0
-  while step < n do
-    local idx = (cursor + step) % n
-    local stop = math.min(idx + CHUNK - 1, n - 1, idx + (n - step) - 1)
-    local batch = redis.call('ZRANGE', KEYS[4], idx, stop)
-    if #batch == 0 then break end
-    for j, up in ipairs(batch) do
-      step = step + 1
-      if not exclude[up] then
-        local m = decode(redis.call('HGET', KEYS[2], up))
-        if m and m.e then
-          saw = true
-          if not at_cap(up) then
-            if m.r + 1 < m.c then
-              m.r = m.r + 1
-              redis.call('HSET', KEYS[2], up, encode(m))
-            else
-              if m.r ~= 0 then
-                m.r = 0
-                redis.call('HSET', KEYS[2], up, encode(m))
-              end
-              redis.call('HSET', KEYS[1], 'rr', string.format('%d', (idx + j) % n))
-              return grant(up, m, '0')
-            end
-          end
-        end
-      end
-    end
-  end
-end
-
-if saw then
-  return cap_reply()
-end
-return {'none'}
+return pick()

@@ -1,56 +1,115 @@
--- release.lua: ends a lease and records the exchange's outcome.
+-- release.lua: ends one or more leases of a pool and records their exchanges' outcomes.
+--
+-- A gateway sends every release of a pool that queued while its previous call was under way in one
+-- run (group commit), so the per-call cost is paid once per batch: the live counts drop once per
+-- upstream and each statistics field is incremented once.
 --
 -- Releasing a lease that is already gone (it expired and was purged, or this is a replay after an
--- outage) frees nothing twice: the live count only drops when the lease was still listed. When the
--- release takes an upstream off its cap, "r" is published so that requests waiting for capacity on
--- any gateway try again.
+-- outage) frees nothing twice: the live count only drops for a lease still listed, and a lease id
+-- given twice counts once. When the release takes an upstream off its cap, "r" is published so
+-- that requests waiting for capacity on any gateway try again.
 --
 -- KEYS[1]  leases    ZSET  lease id -> deadline (ms)
--- KEYS[2]  lease_up  HASH  lease id -> upstream
+-- KEYS[2]  lease_up  HASH  lease id -> upstream; a lease is listed while it has an entry here
+--                          (grant, purge and release always write both keys)
 -- KEYS[3]  live      HASH  upstream -> live lease count
 -- KEYS[4]  stats     HASH  "<upstream>\n<outcome>" -> count, "<upstream>\nlatency_us" -> sum,
 --                          "<upstream>\nlatency_n" -> count
 --
--- ARGV[1]  lease id
--- ARGV[2]  upstream ("" when unknown: then nothing is recorded)
--- ARGV[3]  outcome key, e.g. "ok", "connect_error" ("" records nothing)
--- ARGV[4]  latency (microseconds)
--- ARGV[5]  cap: live leases per upstream (0 = none)
--- ARGV[6]  events channel
+-- ARGV[1]  cap: live leases per upstream (0 = none)
+-- ARGV[2]  events channel
+-- ARGV[3..] four values per lease:
+--          lease id, upstream ("" when unknown: nothing is recorded), outcome key such as "ok" or
+--          "connect_error" ("" records nothing), latency (microseconds)
 --
 -- Returns  1 when capacity was freed for waiting requests, else 0
 
-local lease = ARGV[1]
-local upstream = ARGV[2]
-local outcome = ARGV[3]
-local latency = tonumber(ARGV[4])
-local cap = tonumber(ARGV[5])
-local channel = ARGV[6]
+local cap = tonumber(ARGV[1])
+local channel = ARGV[2]
+local n = (#ARGV - 2) / 4
 
-if #KEYS < 4 or not lease or lease == '' or not upstream or not outcome or not latency
-    or latency < 0 or not cap or not channel then
+-- Validate everything before the first write: Redis does not roll back a half-run script.
+if #KEYS < 4 or not cap or not channel or n < 1 or n ~= math.floor(n) then
   return redis.error_reply('ERR release: bad arguments')
 end
-
-local freed = false
-if redis.call('ZREM', KEYS[1], lease) == 1 then
-  local up = redis.call('HGET', KEYS[2], lease)
-  redis.call('HDEL', KEYS[2], lease)
-  if up then
-    local before = tonumber(redis.call('HGET', KEYS[3], up) or '0') or 0
-    if before <= 1 then
-      redis.call('HDEL', KEYS[3], up)
-    else
-      redis.call('HINCRBY', KEYS[3], up, -1)
-    end
-    freed = cap > 0 and before >= cap
+local ids = {}
+local seen = {}
+for i = 1, n do
+  local b = i * 4 - 1
+  local lease = ARGV[b]
+  if not lease or lease == '' or not string.match(ARGV[b + 3], '^%d+$')
+      or #ARGV[b + 3] > 15 then
+    return redis.error_reply('ERR release: bad arguments')
+  end
+  if not seen[lease] then
+    seen[lease] = true
+    ids[#ids + 1] = lease
   end
 end
 
-if upstream ~= '' and outcome ~= '' then
-  redis.call('HINCRBY', KEYS[4], upstream .. '\n' .. outcome, 1)
-  redis.call('HINCRBY', KEYS[4], upstream .. '\nlatency_us', math.floor(latency))
-  redis.call('HINCRBY', KEYS[4], upstream .. '\nlatency_n', 1)
+-- Live counts drop for the leases still listed, once per upstream.
+local ups = redis.call('HMGET', KEYS[2], unpack(ids))
+local ended = {}
+local drops = {}
+local order = {}
+for i = 1, #ids do
+  local owner = ups[i]
+  if owner then
+    ended[#ended + 1] = ids[i]
+    if not drops[owner] then
+      drops[owner] = 0
+      order[#order + 1] = owner
+    end
+    drops[owner] = drops[owner] + 1
+  end
+end
+local freed = false
+if #ended > 0 then
+  redis.call('ZREM', KEYS[1], unpack(ended))
+  redis.call('HDEL', KEYS[2], unpack(ended))
+  for _, owner in ipairs(order) do
+    local d = drops[owner]
+    local after = redis.call('HINCRBY', KEYS[3], owner, d == 1 and '-1' or string.format('%d', -d))
+    if after <= 0 then
+      redis.call('HDEL', KEYS[3], owner)
+    end
+    if cap > 0 and after + d >= cap then
+      freed = true
+    end
+  end
+end
+
+-- Statistics: one increment per field, whatever the number of leases behind it.
+if n == 1 then
+  -- The common case: the caller's strings go as they are, without number formatting.
+  local upstream, outcome, latency = ARGV[4], ARGV[5], ARGV[6]
+  if upstream ~= '' and outcome ~= '' then
+    redis.call('HINCRBY', KEYS[4], upstream .. '\n' .. outcome, '1')
+    redis.call('HINCRBY', KEYS[4], upstream .. '\nlatency_us', latency)
+    redis.call('HINCRBY', KEYS[4], upstream .. '\nlatency_n', '1')
+  end
+else
+  local sums = {}
+  local fields = {}
+  local function add(f, v)
+    if not sums[f] then
+      sums[f] = 0
+      fields[#fields + 1] = f
+    end
+    sums[f] = sums[f] + v
+  end
+  for i = 1, n do
+    local b = i * 4 - 1
+    local upstream, outcome = ARGV[b + 1], ARGV[b + 2]
+    if upstream ~= '' and outcome ~= '' then
+      add(upstream .. '\n' .. outcome, 1)
+      add(upstream .. '\nlatency_us', tonumber(ARGV[b + 3]))
+      add(upstream .. '\nlatency_n', 1)
+    end
+  end
+  for _, f in ipairs(fields) do
+    redis.call('HINCRBY', KEYS[4], f, string.format('%d', sums[f]))
+  end
 end
 
 if freed then

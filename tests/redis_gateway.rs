@@ -244,7 +244,8 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
         assert_eq!(get(&cb, &url, Some("shared-1")).await.1, bound);
     }
 
-    // A plain request costs two commands: EVALSHA acquire and EVALSHA release.
+    // A plain request costs at most two commands: EVALSHA acquire and EVALSHA release (a release
+    // that arrives while another is being sent goes with the next one).
     tokio::time::sleep(Duration::from_millis(300)).await;
     monitor.clear();
     let before = redis.command_calls()["evalsha"];
@@ -259,9 +260,9 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
         sent.len(),
         sent.iter().take(3).collect::<Vec<_>>()
     );
-    assert_eq!(sent.len(), 40, "{sent:?}");
+    assert!((21..=40).contains(&sent.len()), "{sent:?}");
     assert!(sent.iter().all(|c| c == "EVALSHA"), "{sent:?}");
-    assert_eq!(evalsha, 40);
+    assert_eq!(evalsha, sent.len() as u64);
 
     // A quarantine decided on A: B stops choosing the upstream at once, without asking.
     let victim = &ups[3];

@@ -566,6 +566,73 @@ async fn lease_expiry_returns_capacity(b: &Backend) {
     assert_healthy(&c);
 }
 
+/// Releases that arrive together (the Redis store sends them in shared calls) each end their
+/// lease exactly once and each count their outcome, including a lease released twice at once.
+async fn concurrent_releases_end_every_lease_once(b: &Backend) {
+    let (spec, ids) = spec(
+        "releases",
+        5,
+        Strategy::LeastUsed,
+        Some(40),
+        Duration::from_secs(60),
+    );
+    let c = b.clients(2, &spec).await;
+    let mut grants = Vec::new();
+    for _ in 0..150 {
+        grants.push(granted(c[0].acquire(&spec.name, ANY).await.unwrap()));
+    }
+    let mut set = tokio::task::JoinSet::new();
+    // Every lease once (alternating clients), and the first ten a second time from the other one.
+    for (i, g) in grants.iter().chain(&grants[..10]).enumerate() {
+        let s = c[if i < 150 { i % 2 } else { (i + 1) % 2 }].clone();
+        let (pool, g) = (spec.name.clone(), g.clone());
+        let outcome = if i % 3 == 0 {
+            Outcome::ConnectError
+        } else {
+            Outcome::Ok
+        };
+        set.spawn(async move {
+            s.release(
+                &pool,
+                &g.upstream,
+                g.lease,
+                outcome,
+                Duration::from_millis(2),
+            )
+            .await
+            .unwrap();
+        });
+    }
+    while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
+        .await
+        .expect("releases answered")
+    {
+        r.unwrap();
+    }
+    let st = c[1].status(&spec.name).await.unwrap();
+    assert!(st.members.iter().all(|m| m.leases_live == 0), "{st:?}");
+    let count = |key: &str| -> u64 {
+        st.members
+            .iter()
+            .map(|m| m.outcomes.get(key).copied().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(count("connect_error"), 54, "{st:?}");
+    assert_eq!(count("ok"), 106, "{st:?}");
+    // Nothing was freed twice or kept: exactly the cap of every member can be leased again.
+    let mut again = 0;
+    loop {
+        match c[1].acquire(&spec.name, ANY).await.unwrap() {
+            Acquired::Granted(_) => again += 1,
+            Acquired::AtCapacity => break,
+            other => panic!("{other:?}"),
+        }
+        assert!(again <= 40 * ids.len(), "granted past every cap");
+    }
+    assert_eq!(again, 40 * ids.len());
+    assert_healthy(&c);
+}
+
 async fn extend_keeps_a_lease_alive(b: &Backend) {
     let ttl = Duration::from_millis(400);
     let (spec, _) = spec("extend", 1, Strategy::LeastUsed, Some(1), ttl);
@@ -805,9 +872,71 @@ suite!(
     session_unavailable_and_rebind,
     set_member_eligibility_and_returning_score,
     lease_expiry_returns_capacity,
+    concurrent_releases_end_every_lease_once,
     extend_keeps_a_lease_alive,
     locks_exclude_and_stale_tokens_cannot_act,
     release_signal_woken_by_another_clients_release,
     member_changes_reach_other_instances,
     listed_members_are_shared_and_announced,
 );
+
+/// The Redis store sends the plain acquires, and the releases, that arrive while a call of their
+/// kind is under way in shared calls: 120 of each at once take a few calls, not 120, and every
+/// one gets its own answer (distinct leases, balanced as least-used, every lease ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_acquires_and_releases_arriving_together_share_calls() {
+    let server = RedisServer::start().await;
+    let backend = Backend::Redis(server.url());
+    let (spec, _) = spec(
+        "batch",
+        4,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(60),
+    );
+    let c = backend.clients(1, &spec).await;
+    let evalsha = || server.command_calls()["evalsha"];
+
+    let before = evalsha();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..120 {
+        let (s, pool) = (c[0].clone(), spec.name.clone());
+        set.spawn(async move { granted(s.acquire(&pool, ANY).await.unwrap()) });
+    }
+    let mut grants = Vec::new();
+    while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
+        .await
+        .expect("acquires answered")
+    {
+        grants.push(r.unwrap());
+    }
+    let calls = evalsha() - before;
+    assert!((1..=20).contains(&calls), "120 acquires took {calls} calls");
+    let leases: std::collections::HashSet<_> = grants.iter().map(|g| g.lease).collect();
+    assert_eq!(leases.len(), 120, "every acquire got its own lease");
+    let mut per: HashMap<String, usize> = HashMap::new();
+    for g in &grants {
+        *per.entry(g.upstream.to_string()).or_default() += 1;
+    }
+    assert!(per.len() == 4 && per.values().all(|&n| n == 30), "{per:?}");
+
+    let before = evalsha();
+    let mut set = tokio::task::JoinSet::new();
+    for g in grants {
+        let (s, pool) = (c[0].clone(), spec.name.clone());
+        set.spawn(async move { release(&s, &pool, &g).await });
+    }
+    while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
+        .await
+        .expect("releases answered")
+    {
+        r.unwrap();
+    }
+    let calls = evalsha() - before;
+    assert!((1..=20).contains(&calls), "120 releases took {calls} calls");
+    let st = c[0].status(&spec.name).await.unwrap();
+    assert!(st.members.iter().all(|m| m.leases_live == 0), "{st:?}");
+    let ok: u64 = st.members.iter().map(|m| m.outcomes["ok"]).sum();
+    assert_eq!(ok, 120);
+    assert_healthy(&c);
+}

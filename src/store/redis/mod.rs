@@ -1,9 +1,10 @@
 //! The shared store: one pool state in Redis for every gateway instance.
 //!
 //! Every decision is one Lua script of `lua/` run atomically on the server (see `scripts.rs`), so
-//! instances never double-book an upstream or disagree about a session. A request costs two
-//! commands: `acquire.lua` before connecting and `release.lua` after the exchange (the release
-//! runs off the response path). Instances hear of each other through one pub/sub channel per pool
+//! instances never double-book an upstream or disagree about a session. A request costs at most
+//! two commands: `acquire.lua` before connecting and `release.lua` after the exchange (off the
+//! response path). Under load, the acquires (and the releases) that queue up while the previous
+//! call is under way share the next call (see `batch.rs`). Instances hear of each other through one pub/sub channel per pool
 //! (see `events.rs`): releases that free capacity wake waiting requests everywhere, and member
 //! settings decided elsewhere reach [`Store::subscribe_member_changes`]. An idle instance sends
 //! nothing but a PING on its events connection every 30 s.
@@ -22,6 +23,7 @@
 //! argument), so instances sharing a pool need synchronised clocks (NTP); a skew of `d` moves
 //! another instance's lease expiry by `d`.
 
+mod batch;
 mod events;
 mod keys;
 mod scripts;
@@ -49,6 +51,7 @@ use super::{
 use crate::config::Strategy;
 use crate::health::Outcome;
 use crate::upstream::UpstreamId;
+use batch::Batcher;
 use keys::{PoolKeys, lock_key};
 use scripts::AcquireReply;
 
@@ -62,6 +65,12 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// Writes kept for replay while Redis is unreachable. Past this the oldest are dropped: their
 /// leases expire by themselves within `lease_ttl`.
 const MAX_BACKLOG: usize = 100_000;
+/// Plain acquires per call, and calls under way at once: a second call may start while one is
+/// under way, so a lone request never waits for someone else's round trip.
+const ACQUIRE_BATCH: usize = 64;
+const ACQUIRE_CALLS: usize = 2;
+/// Releases per call; one call at a time (releases are off the response path).
+const RELEASE_BATCH: usize = 128;
 /// Marks leases granted by the fallback store while degraded, so their release goes there too.
 const FALLBACK_LEASE: u64 = 1 << 63;
 /// Failed reconnection attempts in a row after which the connection is replaced by a new one.
@@ -93,7 +102,7 @@ pub struct RedisStore {
 }
 
 /// Why a call did not get an answer it could use.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Fault {
     /// Unreachable, timed out, restarting, cluster down: serve degraded and reconnect.
     Down(String),
@@ -261,6 +270,20 @@ struct PoolLocal {
     /// While the pool is full, plain acquires ask Redis one at a time: the epoch at which the last
     /// one was sent and whether it found the pool full. See [`RedisStore::acquire`].
     probe: tokio::sync::Mutex<Option<(u64, bool)>>,
+    /// Plain acquires and releases waiting for the call that will carry them.
+    acquires: Arc<Batcher<LeaseId, AcquireReply>>,
+    releases: Arc<Batcher<Release, bool>>,
+}
+
+/// One lease to end, and what its exchange recorded.
+#[derive(Debug)]
+struct Release {
+    /// `None` records nothing: the lease's acquire timed out, or this release was sent once.
+    upstream: Option<UpstreamId>,
+    lease: LeaseId,
+    /// `None` records nothing, like a `None` upstream.
+    outcome: Option<Outcome>,
+    latency: Duration,
 }
 
 impl PoolLocal {
@@ -708,10 +731,15 @@ impl Inner {
                     outcome,
                     latency,
                 } => match self.pool(pool) {
-                    Ok(p) => self
-                        .release_remote(&p, upstream.as_ref(), *lease, *outcome, *latency)
-                        .await
-                        .map(drop),
+                    Ok(p) => {
+                        let r = Release {
+                            upstream: upstream.clone(),
+                            lease: *lease,
+                            outcome: *outcome,
+                            latency: *latency,
+                        };
+                        self.release_remote(&p, &[r]).await.map(drop)
+                    }
                     Err(_) => Ok(()),
                 },
                 Deferred::Unbind {
@@ -796,14 +824,8 @@ impl Inner {
         self.eval(&inv, self.timeout).await
     }
 
-    async fn release_remote(
-        &self,
-        p: &PoolLocal,
-        upstream: Option<&UpstreamId>,
-        lease: LeaseId,
-        outcome: Option<Outcome>,
-        latency: Duration,
-    ) -> Result<bool, Fault> {
+    /// Ends `releases` in one `release.lua` run; true when that freed capacity.
+    async fn release_remote(&self, p: &PoolLocal, releases: &[Release]) -> Result<bool, Fault> {
         let k = &p.keys;
         let cap = p.spec.load().max_concurrency.unwrap_or(0);
         let mut inv = scripts::RELEASE.prepare_invoke();
@@ -811,12 +833,14 @@ impl Inner {
             .key(&k.lease_up)
             .key(&k.live)
             .key(&k.stats)
-            .arg(lease.0)
-            .arg(upstream.map_or("", |u| u.as_str()))
-            .arg(outcome.map_or("", |o| o.key()))
-            .arg(latency.as_micros() as u64)
             .arg(cap)
             .arg(&k.events);
+        for r in releases {
+            inv.arg(r.lease.0)
+                .arg(r.upstream.as_ref().map_or("", |u| u.as_str()))
+                .arg(r.outcome.map_or("", |o| o.key()))
+                .arg(r.latency.as_micros() as u64);
+        }
         let freed: i64 = self.eval(&inv, self.timeout).await?;
         Ok(freed == 1)
     }
@@ -905,6 +929,89 @@ impl Inner {
         });
     }
 
+    /// `acquire.lua` with the keys and leading arguments all its modes share; `lease` is ARGV[2].
+    fn acquire_call(&self, p: &PoolLocal, lease: &str) -> ScriptInvocation<'static> {
+        let spec = p.spec.load();
+        let k = &p.keys;
+        let mut inv = scripts::ACQUIRE.prepare_invoke();
+        inv.key(&k.meta)
+            .key(&k.state)
+            .key(&k.members)
+            .key(&k.order)
+            .key(&k.leases)
+            .key(&k.lease_up)
+            .key(&k.live)
+            .key(&k.sessions);
+        let now = now_ms();
+        inv.arg(now)
+            .arg(lease)
+            .arg(now + millis(spec.lease_ttl).max(1))
+            .arg(spec.max_concurrency.unwrap_or(0))
+            .arg(strategy_arg(spec.strategy))
+            .arg(&k.events);
+        inv
+    }
+
+    /// One acquire in its own call: a session's, or one that excludes upstreams.
+    async fn acquire_one(
+        &self,
+        p: &PoolLocal,
+        lease: LeaseId,
+        want: Want<'_>,
+    ) -> Result<AcquireReply, Fault> {
+        let mut inv = self.acquire_call(p, &lease.0.to_string());
+        match want {
+            Want::Any { exclude } => {
+                inv.arg("any");
+                for id in exclude {
+                    inv.arg(id.as_str());
+                }
+            }
+            Want::Session {
+                key,
+                ttl,
+                preferred,
+                rebind,
+            } => {
+                inv.key(p.keys.session(key))
+                    .arg("session")
+                    .arg(millis(ttl))
+                    .arg(u8::from(rebind))
+                    .arg(key);
+                for id in preferred {
+                    inv.arg(id.as_str());
+                }
+            }
+        }
+        let reply: Vec<String> = self.eval(&inv, self.timeout).await?;
+        AcquireReply::parse(reply).map_err(Fault::Broken)
+    }
+
+    /// Plain acquires, one per lease id, in one call (`many` mode).
+    async fn acquire_many(
+        &self,
+        p: &PoolLocal,
+        leases: &[LeaseId],
+    ) -> Result<Vec<AcquireReply>, Fault> {
+        let mut inv = self.acquire_call(p, "-");
+        inv.arg("many");
+        for l in leases {
+            inv.arg(l.0);
+        }
+        let replies: Vec<Vec<String>> = self.eval(&inv, self.timeout).await?;
+        if replies.len() != leases.len() {
+            return Err(Fault::Broken(format!(
+                "acquire: {} replies for {} leases",
+                replies.len(),
+                leases.len()
+            )));
+        }
+        replies
+            .into_iter()
+            .map(|r| AcquireReply::parse(r).map_err(Fault::Broken))
+            .collect()
+    }
+
     /// One acquire in Redis (or in the local view while degraded).
     async fn acquire_remote(
         self: &Arc<Self>,
@@ -920,48 +1027,19 @@ impl Inner {
 
         loop {
             let lease = LeaseId(rand::random::<u64>() & !FALLBACK_LEASE);
-            let spec = p.spec.load();
-            let k = &p.keys;
-            let mut inv = scripts::ACQUIRE.prepare_invoke();
-            inv.key(&k.meta)
-                .key(&k.state)
-                .key(&k.members)
-                .key(&k.order)
-                .key(&k.leases)
-                .key(&k.lease_up)
-                .key(&k.live)
-                .key(&k.sessions);
-            inv.arg(now_ms())
-                .arg(lease.0)
-                .arg(millis(spec.lease_ttl))
-                .arg(spec.max_concurrency.unwrap_or(0))
-                .arg(strategy_arg(spec.strategy))
-                .arg(&k.events);
-            match want {
-                Want::Any { exclude } => {
-                    inv.arg("any");
-                    for id in exclude {
-                        inv.arg(id.as_str());
-                    }
+            let answer = match want {
+                Want::Any { exclude: [] } => {
+                    let (i, q) = (inner.clone(), p.clone());
+                    let sent = p.acquires.send(lease, move |leases| {
+                        let (inner, p) = (i.clone(), q.clone());
+                        async move { inner.acquire_many(&p, &leases).await }
+                    });
+                    sent.await
                 }
-                Want::Session {
-                    key,
-                    ttl,
-                    preferred,
-                    rebind,
-                } => {
-                    inv.key(k.session(key))
-                        .arg("session")
-                        .arg(millis(ttl))
-                        .arg(u8::from(rebind))
-                        .arg(key);
-                    for id in preferred {
-                        inv.arg(id.as_str());
-                    }
-                }
-            }
-            let reply = match inner.eval::<Vec<String>>(&inv, inner.timeout).await {
-                Ok(reply) => AcquireReply::parse(reply).map_err(broken)?,
+                _ => inner.acquire_one(p, lease, want).await,
+            };
+            let reply = match answer {
+                Ok(reply) => reply,
                 Err(Fault::Down(why)) => {
                     // The acquire may still run once Redis gets to it: cancel its lease then.
                     inner.defer_and_degrade(
@@ -1070,6 +1148,8 @@ impl Store for RedisStore {
                         epoch: AtomicU64::new(0),
                         full: AtomicBool::new(false),
                         probe: tokio::sync::Mutex::new(None),
+                        acquires: Arc::new(Batcher::new(ACQUIRE_BATCH, ACQUIRE_CALLS)),
+                        releases: Arc::new(Batcher::new(RELEASE_BATCH, 1)),
                     });
                     pools.insert(spec.name.clone(), p.clone());
                     p
@@ -1182,10 +1262,22 @@ impl Store for RedisStore {
         if inner.defer_if_degraded(deferred) {
             return Ok(());
         }
-        match inner
-            .release_remote(&p, Some(upstream), lease, Some(outcome), latency)
-            .await
-        {
+        let r = Release {
+            upstream: Some(upstream.clone()),
+            lease,
+            outcome: Some(outcome),
+            latency,
+        };
+        let (i, q) = (inner.clone(), p.clone());
+        let sent = p.releases.send(r, move |batch| {
+            let (inner, p) = (i.clone(), q.clone());
+            async move {
+                let freed = inner.release_remote(&p, &batch).await?;
+                // One wake-up per call is enough.
+                Ok((0..batch.len()).map(|i| i == 0 && freed).collect())
+            }
+        });
+        match sent.await {
             Ok(freed) => {
                 if freed {
                     p.wake();
