@@ -123,9 +123,12 @@ async fn serve_connection<S, F>(
     let svc = service_fn(move |req| {
         // In flight until the response body has been sent: the connection is not idle then.
         let busy = svc_activity.busy();
-        let fut = service(svc_gw.clone(), req, peer);
+        // The service's future is made inside the block: a future made outside and awaited
+        // inside is stored twice (the capture and the awaited copy), and hyper moves the whole
+        // block into place for every request.
+        let (service, gw) = (service.clone(), svc_gw.clone());
         async move {
-            let resp = fut.await;
+            let resp = service(gw, req, peer).await;
             Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, busy).boxed()))
         }
     });

@@ -199,12 +199,13 @@ async fn send(
                     source: e.into_error(),
                 });
             };
-            let (sender, _, _) = fresh_sender(gw, upstream, target).await.map_err(|source| {
-                ProxyError::UpstreamConnect {
-                    upstream: upstream.id.clone(),
-                    source,
-                }
-            })?;
+            let (sender, _, _) =
+                Box::pin(fresh_sender(gw, upstream, target))
+                    .await
+                    .map_err(|source| ProxyError::UpstreamConnect {
+                        upstream: upstream.id.clone(),
+                        source,
+                    })?;
             (sender, req)
         }
     };
@@ -244,7 +245,9 @@ async fn sender_for(
     if let Some(sender) = gw.conns.take(&key) {
         return Ok((sender, key, true));
     }
-    fresh_sender(gw, &upstream, target).await
+    // Boxed: dialing (and a TLS or SOCKS handshake) is kilobytes of state that a request reusing
+    // a kept-alive connection should not carry, nor have moved into place with it.
+    Box::pin(fresh_sender(gw, &upstream, target)).await
 }
 
 async fn fresh_sender(

@@ -332,7 +332,13 @@ impl Store for AnyStore {
     }
 
     async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
-        dispatch!(self, s => s.acquire(pool, want).await)
+        match self {
+            AnyStore::Memory(s) => s.acquire(pool, want).await,
+            // Boxed: the Redis acquire's state (the call, its batching, a restore) is kilobytes
+            // that every request's future would otherwise carry and have moved into place,
+            // whichever store serves it. Next to a round trip, the allocation costs nothing.
+            AnyStore::Redis(s) => Box::pin(s.acquire(pool, want)).await,
+        }
     }
 
     async fn release(
@@ -343,7 +349,13 @@ impl Store for AnyStore {
         outcome: Outcome,
         latency: Duration,
     ) -> Result<(), StoreError> {
-        dispatch!(self, s => s.release(pool, upstream, lease, outcome, latency).await)
+        match self {
+            AnyStore::Memory(s) => s.release(pool, upstream, lease, outcome, latency).await,
+            // Boxed, as acquire.
+            AnyStore::Redis(s) => {
+                Box::pin(s.release(pool, upstream, lease, outcome, latency)).await
+            }
+        }
     }
 
     async fn record(
