@@ -163,7 +163,7 @@ impl Lease {
         h.metrics.record(
             h.pool.name(),
             h.grant.upstream.as_str(),
-            outcome.key(),
+            outcome,
             latency.as_secs_f64(),
         );
         let tasks = h.tasks.clone();
