@@ -350,7 +350,7 @@ impl Connector {
             Err(_) => Err(ConnectError::Timeout {
                 addr: match upstream.scheme {
                     Scheme::Direct => target.authority(),
-                    _ => proxy_addr(upstream),
+                    _ => upstream.addr.clone(),
                 },
                 after,
             }),
@@ -369,7 +369,7 @@ impl Connector {
         match tokio::time::timeout(after, self.open_proxy(upstream)).await {
             Ok(result) => result,
             Err(_) => Err(ConnectError::Timeout {
-                addr: proxy_addr(upstream),
+                addr: upstream.addr.clone(),
                 after,
             }),
         }
@@ -377,19 +377,19 @@ impl Connector {
 
     /// TCP (+ TLS for https) to an HTTP proxy.
     async fn open_proxy(&self, upstream: &Upstream) -> Result<BoxIo, ConnectError> {
-        let addr = proxy_addr(upstream);
-        let tcp = connect_proxy_tcp(upstream, &addr).await?;
+        let addr = upstream.addr.as_str();
+        let tcp = connect_proxy_tcp(upstream, addr).await?;
         if upstream.scheme != Scheme::Https {
             return Ok(Box::new(tcp));
         }
         // The host is stored without brackets, so IP literals parse as IP server names.
         let name = ServerName::try_from(upstream.host.clone()).map_err(|_| ConnectError::Tls {
-            addr: addr.clone(),
+            addr: addr.to_string(),
             error: rustls::Error::General("proxy host is not a valid TLS server name".into()),
         })?;
         match self.tls.connect(name, tcp).await {
             Ok(tls) => Ok(Box::new(tls)),
-            Err(error) => Err(tls_error(&addr, error)),
+            Err(error) => Err(tls_error(addr, error)),
         }
     }
 
@@ -401,7 +401,7 @@ impl Connector {
         upstream: &Upstream,
         target: &Target,
     ) -> Result<BoxIo, ConnectError> {
-        let addr = proxy_addr(upstream);
+        let addr = upstream.addr.as_str();
         let dest = if upstream.scheme == Scheme::Socks5 {
             let resolved = self.resolve_target(target).await?;
             match resolved.first() {
@@ -414,7 +414,7 @@ impl Connector {
                 None => TargetAddr::Domain(target.host.as_str().into(), target.port),
             }
         };
-        let tcp = connect_proxy_tcp(upstream, &addr).await?;
+        let tcp = connect_proxy_tcp(upstream, addr).await?;
         let stream = match &upstream.credentials {
             Some(c) => {
                 Socks5Stream::connect_with_password_and_socket(tcp, dest, &c.username, &c.password)
@@ -425,7 +425,7 @@ impl Connector {
         match stream {
             // The reply is read exactly, so nothing of the tunnel is buffered in the wrapper.
             Ok(stream) => Ok(Box::new(stream.into_inner())),
-            Err(e) => Err(socks_error(&addr, target, e)),
+            Err(e) => Err(socks_error(addr, target, e)),
         }
     }
 
@@ -471,7 +471,7 @@ async fn http_connect(
     upstream: &Upstream,
     target: &Target,
 ) -> Result<BoxIo, ConnectError> {
-    let addr = proxy_addr(upstream);
+    let addr = upstream.addr.as_str();
     let authority = target.authority();
     let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
     if let Some(credentials) = &upstream.credentials {
@@ -482,10 +482,10 @@ async fn http_connect(
     request.push_str("\r\n");
     conn.write_all(request.as_bytes())
         .await
-        .map_err(|e| io_error(&addr, e))?;
-    conn.flush().await.map_err(|e| io_error(&addr, e))?;
+        .map_err(|e| io_error(addr, e))?;
+    conn.flush().await.map_err(|e| io_error(addr, e))?;
 
-    let early = read_connect_reply(&mut conn, &addr).await?;
+    let early = read_connect_reply(&mut conn, addr).await?;
     if early.is_empty() {
         Ok(conn)
     } else {
@@ -624,15 +624,6 @@ fn check_target(target: &Target) -> Result<(), ConnectError> {
         target: target.authority(),
         reason,
     })
-}
-
-/// `host:port` of the proxy, bracketing IPv6 literals.
-fn proxy_addr(upstream: &Upstream) -> String {
-    Target {
-        host: upstream.host.clone(),
-        port: upstream.port,
-    }
-    .authority()
 }
 
 fn target_dns(target: &Target, why: &'static str) -> ConnectError {

@@ -107,6 +107,8 @@ pub struct Upstream {
     pub host: String,
     /// Proxy port; 0 for `direct`.
     pub port: u16,
+    /// `host:port` (`[v6]:port`), made once: every connect names it (errors, logs).
+    pub addr: String,
     /// Local address to bind outgoing connections to (`direct://<ip>` only).
     pub bind: Option<IpAddr>,
     pub credentials: Option<Credentials>,
@@ -168,6 +170,7 @@ impl Upstream {
                 scheme,
                 host: String::new(),
                 port: 0,
+                addr: String::new(),
                 bind,
                 credentials: None,
             });
@@ -195,11 +198,17 @@ impl Upstream {
             None if host.contains(':') => format!("{}://[{host}]:{port}", scheme.as_str()),
             None => format!("{}://{host}:{port}", scheme.as_str()),
         };
+        let addr = crate::target::Target {
+            host: host.clone(),
+            port,
+        }
+        .authority();
         Ok(Upstream {
             id: UpstreamId::new(id),
             scheme,
             host,
             port,
+            addr,
             bind: None,
             credentials,
         })
