@@ -10,11 +10,16 @@
 //! `idle_timeout` (a keep-alive connection with no request in flight and no bytes moving is
 //! closed). Connection tasks live on the gateway's task tracker: shutdown asks each one to finish
 //! its in-flight request and close, then waits for them.
+//!
+//! A connection that becomes a tunnel (CONNECT) goes on in the same task: the handler leaves the
+//! tunnel's future in the request's [`AfterUpgrade`], and the connection task runs it once hyper
+//! has handed the connection over, instead of spawning a task for it.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -104,11 +109,30 @@ where
     }
 }
 
+/// What a connection runs after hyper handed it over (an upgrade): a handler of the request
+/// finds this in the request's extensions and may leave one future here, which the connection's
+/// task then runs to its end.
+#[derive(Clone, Default)]
+pub struct AfterUpgrade(Arc<Mutex<Option<Continuation>>>);
+
+type Continuation = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl AfterUpgrade {
+    /// Leaves `f` to run after the upgrade (replacing one left before).
+    pub fn set(&self, f: impl Future<Output = ()> + Send + 'static) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::pin(f));
+    }
+
+    fn take(&self) -> Option<Continuation> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
 async fn serve_connection<S, F>(
     gw: Arc<Gateway>,
     stream: TcpStream,
     peer: SocketAddr,
-    _slot: ConnSlot,
+    slot: ConnSlot,
     service: S,
 ) where
     S: Fn(Arc<Gateway>, Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
@@ -120,7 +144,13 @@ async fn serve_connection<S, F>(
     let activity = Activity::new();
     let svc_gw = gw.clone();
     let svc_activity = activity.clone();
-    let svc = service_fn(move |req| {
+    let after = AfterUpgrade::default();
+    let svc_after = after.clone();
+    let svc = service_fn(move |mut req: Request<Incoming>| {
+        // Only a CONNECT can become a tunnel; other requests are spared the extension map.
+        if req.method() == http::Method::CONNECT {
+            req.extensions_mut().insert(svc_after.clone());
+        }
         // In flight until the response body has been sent: the connection is not idle then.
         let busy = svc_activity.busy();
         // The service's future is made inside the block: a future made outside and awaited
@@ -132,33 +162,44 @@ async fn serve_connection<S, F>(
             Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, busy).boxed()))
         }
     });
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(server.header_read_timeout)
-        .max_buf_size(server.max_header_bytes)
-        .max_headers(MAX_REQUEST_HEADERS)
-        // A client that shuts down its sending side after its request still gets the answer.
-        .half_close(true)
-        .serve_connection(TokioIo::new(Tracked::new(stream, activity.clone())), svc)
-        .with_upgrades();
-    tokio::pin!(conn);
-    let idle_timeout = server.idle_timeout;
-    let mut closing = false;
-    let result = loop {
-        tokio::select! {
-            r = conn.as_mut() => break r,
-            _ = gw.shutdown.cancelled(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            _ = limits::idle(&activity, idle_timeout), if !closing => {
-                tracing::debug!(peer = %peer, "closing idle client connection");
-                closing = true;
-                conn.as_mut().graceful_shutdown();
+    // The connection's state is dropped before a tunnel runs in its place; boxed, so that the
+    // task of a tunnel (which lives as long as the tunnel) does not keep room for it.
+    let result = {
+        let mut conn = Box::pin(
+            http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(server.header_read_timeout)
+                .max_buf_size(server.max_header_bytes)
+                .max_headers(MAX_REQUEST_HEADERS)
+                // A client that shuts down its sending side after its request still gets the answer.
+                .half_close(true)
+                .serve_connection(TokioIo::new(Tracked::new(stream, activity.clone())), svc)
+                .with_upgrades(),
+        );
+        let idle_timeout = server.idle_timeout;
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => break r,
+                _ = gw.shutdown.cancelled(), if !closing => {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ = limits::idle(&activity, idle_timeout), if !closing => {
+                    tracing::debug!(peer = %peer, "closing idle client connection");
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
             }
         }
     };
     if let Err(e) = result {
         tracing::debug!(peer = %peer, error = %e, "client connection ended with an error");
+    }
+    if let Some(tunnel) = after.take() {
+        // The tunnel no longer counts as a client connection, nor holds the settings the
+        // connection was accepted under (as when it ran in its own task).
+        drop((slot, live));
+        tunnel.await;
     }
 }

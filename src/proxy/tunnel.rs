@@ -27,6 +27,7 @@ use crate::limits::{self, Activity, Tracked};
 use crate::pool::Lease;
 use crate::proxy::pipe::{self, End, Side};
 use crate::proxy::{self, Body, headers};
+use crate::server::AfterUpgrade;
 use crate::state::Gateway;
 use crate::target::Target;
 use crate::upstream::connect::{BoxIo, Io};
@@ -69,7 +70,9 @@ pub async fn handle(
 
     let gw = gw.clone();
     let exclude = pool.inspect_exclude.clone();
-    gw.tasks.clone().spawn(async move {
+    let after = req.extensions().get::<AfterUpgrade>().cloned();
+    let tasks = gw.tasks.clone();
+    let tunnel = async move {
         let client = match hyper::upgrade::on(req).await {
             Ok(upgraded) => TokioIo::new(upgraded),
             Err(e) => {
@@ -93,7 +96,15 @@ pub async fn handle(
             Opening::PassThrough(client) => relay(&gw, client, io, lease).await,
             Opening::Gone => lease.finish(Outcome::Cancelled),
         }
-    });
+    };
+    // The connection's task runs the tunnel once hyper hands the connection over; a connection
+    // served without that hook (none today) gets a task of its own.
+    match after {
+        Some(after) => after.set(tunnel),
+        None => {
+            tasks.spawn(tunnel);
+        }
+    }
     Ok(resp)
 }
 
