@@ -209,55 +209,57 @@ end
 
 -- A plain acquire of `lease` by the pool's strategy, skipping `exclude`.
 local exclude = {}
+
+-- Calls visit(upstream, state) for the members of `zset`, in its order, that are not excluded
+-- and have a state, until visit returns a reply, which is returned (nil when none did).
+local function each_member(zset, visit)
+  local start = 0
+  while true do
+    local lo, hi = range(start, CHUNK)
+    local batch = redis.call('ZRANGE', zset, lo, hi)
+    if #batch == 0 then return nil end
+    for _, up in ipairs(batch) do
+      if not exclude[up] then
+        local m = decode(redis.call('HGET', KEYS[2], up))
+        if m then
+          local reply = visit(up, m)
+          if reply then return reply end
+        end
+      end
+    end
+    start = start + CHUNK
+  end
+end
+
 local function pick()
   local saw = false
 
   if strategy == 'least-used' or strategy == 'weighted' then
     -- Ascending score, ties by id: the first member below its cap wins.
-    local start = 0
-    while true do
-      local lo, hi = range(start, CHUNK)
-      local batch = redis.call('ZRANGE', KEYS[3], lo, hi)
-      if #batch == 0 then break end
-      for _, up in ipairs(batch) do
-        if not exclude[up] then
-          local m = decode(redis.call('HGET', KEYS[2], up))
-          if m then
-            saw = true
-            if not at_cap(up) then
-              return grant(up, m, '0') or in_use()
-            end
-          end
-        end
+    local granted = each_member(KEYS[3], function(up, m)
+      saw = true
+      if not at_cap(up) then
+        return grant(up, m, '0') or in_use()
       end
-      start = start + CHUNK
+    end)
+    if granted then
+      return granted
     end
   elseif strategy == 'least-connections' then
     -- Fewest live leases x cost, then fewest allocations, then configured order.
     local best, best_m, best_load, best_allocs
-    local start = 0
-    while true do
-      local lo, hi = range(start, CHUNK)
-      local batch = redis.call('ZRANGE', KEYS[4], lo, hi)
-      if #batch == 0 then break end
-      for _, up in ipairs(batch) do
-        if not exclude[up] then
-          local m = decode(redis.call('HGET', KEYS[2], up))
-          if m and m.e then
-            saw = true
-            local l = live(up)
-            if cap == 0 or l < cap then
-              local load = l * math.max(m.c, 1)
-              local allocs = tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s)
-              if not best or load < best_load or (load == best_load and allocs < best_allocs) then
-                best, best_m, best_load, best_allocs = up, m, load, allocs
-              end
-            end
-          end
+    each_member(KEYS[4], function(up, m)
+      if not m.e then return nil end
+      saw = true
+      local l = live(up)
+      if cap == 0 or l < cap then
+        local load = l * math.max(m.c, 1)
+        local allocs = tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s)
+        if not best or load < best_load or (load == best_load and allocs < best_allocs) then
+          best, best_m, best_load, best_allocs = up, m, load, allocs
         end
       end
-      start = start + CHUNK
-    end
+    end)
     if best then
       return grant(best, best_m, '0') or in_use()
     end
