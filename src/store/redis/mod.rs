@@ -4,10 +4,11 @@
 //! instances never double-book an upstream or disagree about a session. A request costs at most
 //! two commands: `acquire.lua` before connecting and `release.lua` after the exchange (off the
 //! response path). Under load, the acquires (and the releases) that queue up while the previous
-//! call is under way share the next call (see `batch.rs`). Instances hear of each other through one pub/sub channel per pool
-//! (see `events.rs`): releases that free capacity wake waiting requests everywhere, and member
-//! settings decided elsewhere reach [`Store::subscribe_member_changes`]. An idle instance sends
-//! nothing but a PING on its events connection every 30 s.
+//! call is under way share the next call (see `batch.rs`). Instances hear of each other through
+//! one pub/sub channel per pool (see `events.rs`): releases that free capacity wake waiting
+//! requests everywhere, and member settings decided elsewhere reach
+//! [`Store::subscribe_member_changes`]. An idle instance sends nothing but a PING on its events
+//! connection every 30 s.
 //!
 //! # When Redis is unreachable
 //! Every call is bounded by `[store] timeout`. The first failure switches the instance to
