@@ -79,37 +79,28 @@ if #ended > 0 then
   end
 end
 
--- Statistics: one increment per field, whatever the number of leases behind it.
-if n == 1 then
-  -- The common case: the caller's strings go as they are, without number formatting.
-  local upstream, outcome, latency = ARGV[4], ARGV[5], ARGV[6]
+-- Statistics: one increment per field, whatever the number of leases behind it (sums are
+-- formatted as integers: Redis would format a Lua number with printf("%.17g")).
+local sums = {}
+local fields = {}
+local function add(f, v)
+  if not sums[f] then
+    sums[f] = 0
+    fields[#fields + 1] = f
+  end
+  sums[f] = sums[f] + v
+end
+for i = 1, n do
+  local b = i * 4 - 1
+  local upstream, outcome = ARGV[b + 1], ARGV[b + 2]
   if upstream ~= '' and outcome ~= '' then
-    redis.call('HINCRBY', KEYS[4], upstream .. '\n' .. outcome, '1')
-    redis.call('HINCRBY', KEYS[4], upstream .. '\nlatency_us', latency)
-    redis.call('HINCRBY', KEYS[4], upstream .. '\nlatency_n', '1')
+    add(upstream .. '\n' .. outcome, 1)
+    add(upstream .. '\nlatency_us', tonumber(ARGV[b + 3]))
+    add(upstream .. '\nlatency_n', 1)
   end
-else
-  local sums = {}
-  local fields = {}
-  local function add(f, v)
-    if not sums[f] then
-      sums[f] = 0
-      fields[#fields + 1] = f
-    end
-    sums[f] = sums[f] + v
-  end
-  for i = 1, n do
-    local b = i * 4 - 1
-    local upstream, outcome = ARGV[b + 1], ARGV[b + 2]
-    if upstream ~= '' and outcome ~= '' then
-      add(upstream .. '\n' .. outcome, 1)
-      add(upstream .. '\nlatency_us', tonumber(ARGV[b + 3]))
-      add(upstream .. '\nlatency_n', 1)
-    end
-  end
-  for _, f in ipairs(fields) do
-    redis.call('HINCRBY', KEYS[4], f, string.format('%d', sums[f]))
-  end
+end
+for _, f in ipairs(fields) do
+  redis.call('HINCRBY', KEYS[4], f, string.format('%d', sums[f]))
 end
 
 if freed then

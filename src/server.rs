@@ -171,7 +171,8 @@ async fn serve_connection<S, F>(
                 .header_read_timeout(server.header_read_timeout)
                 .max_buf_size(server.max_header_bytes)
                 .max_headers(MAX_REQUEST_HEADERS)
-                // A client that shuts down its sending side after its request still gets the answer.
+                // A client that shuts down its sending side after its request still gets the
+                // answer.
                 .half_close(true)
                 .serve_connection(TokioIo::new(Tracked::new(stream, activity.clone())), svc)
                 .with_upgrades(),

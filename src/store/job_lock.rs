@@ -13,22 +13,18 @@ use super::{LockToken, Store};
 
 pub struct JobLock {
     name: String,
-    token: Option<LockToken>,
-    renewed: Option<Instant>,
+    /// The token while this instance holds the lock, and when it last took or renewed it.
+    held: Option<(LockToken, Instant)>,
 }
 
 impl JobLock {
     pub fn new(name: String) -> Self {
-        JobLock {
-            name,
-            token: None,
-            renewed: None,
-        }
+        JobLock { name, held: None }
     }
 
     /// Whether this instance holds the lock (as of the last [`JobLock::lead`]).
     pub fn held(&self) -> bool {
-        self.token.is_some()
+        self.held.is_some()
     }
 
     /// Takes the lock, or renews it when the last renewal is `renew_every` old; true while this
@@ -40,18 +36,18 @@ impl JobLock {
         renew_every: Duration,
     ) -> bool {
         let now = Instant::now();
-        if let (Some(token), Some(renewed)) = (&self.token, self.renewed) {
-            if now.duration_since(renewed) < renew_every {
+        if let Some((token, renewed)) = &mut self.held {
+            if now.duration_since(*renewed) < renew_every {
                 return true;
             }
             match store.extend_lock(&self.name, token, ttl).await {
                 Ok(true) => {
-                    self.renewed = Some(now);
+                    *renewed = now;
                     return true;
                 }
                 Ok(false) => {
                     tracing::info!(lock = %self.name, "job lock lost; another instance does this job now");
-                    self.token = None;
+                    self.held = None;
                 }
                 Err(e) => {
                     tracing::debug!(lock = %self.name, error = %e, "job lock not renewed: store unreachable; working locally");
@@ -62,8 +58,7 @@ impl JobLock {
         match store.lock(&self.name, ttl).await {
             Ok(Some(token)) => {
                 tracing::info!(lock = %self.name, "job lock taken; this instance does this job");
-                self.token = Some(token);
-                self.renewed = Some(now);
+                self.held = Some((token, now));
                 true
             }
             Ok(None) => false,
@@ -76,7 +71,7 @@ impl JobLock {
 
     /// Lets go of the lock, if held (the job stopped: a reload, or shutdown).
     pub async fn release<S: Store + ?Sized>(self, store: &S) {
-        if let Some(token) = self.token {
+        if let Some((token, _)) = self.held {
             let _ = store.unlock(&self.name, &token).await;
         }
     }

@@ -193,16 +193,15 @@ impl Upstream {
             }
         };
         let (host, port) = split_host_port(hostport)?;
-        let id = match explicit_id {
-            Some(id) => id.to_string(),
-            None if host.contains(':') => format!("{}://[{host}]:{port}", scheme.as_str()),
-            None => format!("{}://{host}:{port}", scheme.as_str()),
-        };
         let addr = crate::target::Target {
             host: host.clone(),
             port,
         }
         .authority();
+        let id = match explicit_id {
+            Some(id) => id.to_string(),
+            None => format!("{}://{addr}", scheme.as_str()),
+        };
         Ok(Upstream {
             id: UpstreamId::new(id),
             scheme,

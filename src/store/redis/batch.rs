@@ -42,10 +42,11 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
         }
     }
 
-    /// Queues `item` and waits for its answer. `call` sends one batch and answers each of its
-    /// items in order; it is used when this item starts a new sending task.
-    pub(super) async fn send<F, Fut>(self: &Arc<Self>, item: T, call: F) -> Result<R, Fault>
+    /// Queues `item` and waits for its answer. `call()` makes what sends one batch and answers
+    /// each of its items in order; it is only made when this item starts a new sending task.
+    pub(super) async fn send<C, F, Fut>(self: &Arc<Self>, item: T, call: C) -> Result<R, Fault>
     where
+        C: FnOnce() -> F,
         F: FnMut(Vec<T>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Vec<R>, Fault>> + Send + 'static,
     {
@@ -65,7 +66,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                     batcher: self.clone(),
                     done: false,
                 },
-                call,
+                call(),
             ));
         }
         rx.await
@@ -175,7 +176,7 @@ mod tests {
         let mut set = tokio::task::JoinSet::new();
         for i in 0..=120u32 {
             let (b, call) = (b.clone(), caller(calls.clone(), open_rx.clone()));
-            set.spawn(async move { (i, b.send(i, call).await) });
+            set.spawn(async move { (i, b.send(i, || call).await) });
             if i == 0 {
                 // The first call is under way before anything else is queued.
                 for _ in 0..2000 {
@@ -232,7 +233,7 @@ mod tests {
         let (open_tx, open_rx) = tokio::sync::watch::channel(false);
         let first = {
             let (b, call) = (b.clone(), caller(calls.clone(), open_rx.clone()));
-            tokio::spawn(async move { b.send(1, call).await })
+            tokio::spawn(async move { b.send(1, || call).await })
         };
         for _ in 0..2000 {
             if !calls.lock().unwrap().is_empty() {
@@ -242,7 +243,7 @@ mod tests {
         }
         let second = tokio::time::timeout(
             Duration::from_secs(10),
-            b.send(2, caller(calls.clone(), open_rx.clone())),
+            b.send(2, || caller(calls.clone(), open_rx.clone())),
         )
         .await
         .expect("not held behind the first call");

@@ -199,14 +199,9 @@ enum Remote {
 /// A write Redis missed while unreachable, replayed when it is back.
 #[derive(Debug)]
 enum Deferred {
-    /// A lease release; `upstream`/`outcome` are `None` for a lease whose acquire timed out
-    /// (it may have been granted all the same) and for releases already sent once.
     Release {
         pool: String,
-        upstream: Option<UpstreamId>,
-        lease: LeaseId,
-        outcome: Option<Outcome>,
-        latency: Duration,
+        release: Release,
     },
     Unbind {
         pool: String,
@@ -277,14 +272,27 @@ struct PoolLocal {
 }
 
 /// One lease to end, and what its exchange recorded.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Release {
-    /// `None` records nothing: the lease's acquire timed out, or this release was sent once.
+    /// `None` records nothing (see [`Release::quiet`]).
     upstream: Option<UpstreamId>,
     lease: LeaseId,
     /// `None` records nothing, like a `None` upstream.
     outcome: Option<Outcome>,
     latency: Duration,
+}
+
+impl Release {
+    /// Ends `lease` and records nothing: for a lease whose acquire timed out (it may have been
+    /// granted all the same) and for a release already sent once, whose outcome may be counted.
+    fn quiet(lease: LeaseId) -> Release {
+        Release {
+            upstream: None,
+            lease,
+            outcome: None,
+            latency: Duration::ZERO,
+        }
+    }
 }
 
 impl PoolLocal {
@@ -725,22 +733,11 @@ impl Inner {
         let mut writes = writes;
         while let Some(w) = writes.pop_front() {
             let done = match &w {
-                Deferred::Release {
-                    pool,
-                    upstream,
-                    lease,
-                    outcome,
-                    latency,
-                } => match self.pool(pool) {
-                    Ok(p) => {
-                        let r = Release {
-                            upstream: upstream.clone(),
-                            lease: *lease,
-                            outcome: *outcome,
-                            latency: *latency,
-                        };
-                        self.release_remote(&p, &[r]).await.map(drop)
-                    }
+                Deferred::Release { pool, release } => match self.pool(pool) {
+                    Ok(p) => self
+                        .release_remote(&p, std::slice::from_ref(release))
+                        .await
+                        .map(drop),
                     Err(_) => Ok(()),
                 },
                 Deferred::Unbind {
@@ -1030,10 +1027,12 @@ impl Inner {
             let lease = LeaseId(rand::random::<u64>() & !FALLBACK_LEASE);
             let answer = match want {
                 Want::Any { exclude: [] } => {
-                    let (i, q) = (inner.clone(), p.clone());
-                    let sent = p.acquires.send(lease, move |leases| {
-                        let (inner, p) = (i.clone(), q.clone());
-                        async move { inner.acquire_many(&p, &leases).await }
+                    let sent = p.acquires.send(lease, || {
+                        let (i, q) = (inner.clone(), p.clone());
+                        move |leases| {
+                            let (inner, p) = (i.clone(), q.clone());
+                            async move { inner.acquire_many(&p, &leases).await }
+                        }
                     });
                     sent.await
                 }
@@ -1046,10 +1045,7 @@ impl Inner {
                     inner.defer_and_degrade(
                         Deferred::Release {
                             pool: pool.to_string(),
-                            upstream: None,
-                            lease,
-                            outcome: None,
-                            latency: Duration::ZERO,
+                            release: Release::quiet(lease),
                         },
                         &why,
                     );
@@ -1253,29 +1249,28 @@ impl Store for RedisStore {
             p.wake();
             return r;
         }
-        let deferred = || Deferred::Release {
-            pool: pool.to_string(),
-            upstream: Some(upstream.clone()),
-            lease,
-            outcome: Some(outcome),
-            latency,
-        };
-        if inner.defer_if_degraded(deferred) {
-            return Ok(());
-        }
         let r = Release {
             upstream: Some(upstream.clone()),
             lease,
             outcome: Some(outcome),
             latency,
         };
-        let (i, q) = (inner.clone(), p.clone());
-        let sent = p.releases.send(r, move |batch| {
-            let (inner, p) = (i.clone(), q.clone());
-            async move {
-                let freed = inner.release_remote(&p, &batch).await?;
-                // One wake-up per call is enough.
-                Ok((0..batch.len()).map(|i| i == 0 && freed).collect())
+        let deferred = || Deferred::Release {
+            pool: pool.to_string(),
+            release: r.clone(),
+        };
+        if inner.defer_if_degraded(deferred) {
+            return Ok(());
+        }
+        let sent = p.releases.send(r, || {
+            let (i, q) = (inner.clone(), p.clone());
+            move |batch: Vec<Release>| {
+                let (inner, p) = (i.clone(), q.clone());
+                async move {
+                    let freed = inner.release_remote(&p, &batch).await?;
+                    // One wake-up per call is enough.
+                    Ok((0..batch.len()).map(|i| i == 0 && freed).collect())
+                }
             }
         });
         match sent.await {
@@ -1290,10 +1285,7 @@ impl Store for RedisStore {
                 inner.defer_and_degrade(
                     Deferred::Release {
                         pool: pool.to_string(),
-                        upstream: None,
-                        lease,
-                        outcome: None,
-                        latency,
+                        release: Release::quiet(lease),
                     },
                     &why,
                 );
