@@ -229,6 +229,10 @@ impl<T> Tracked<T> {
         activity.touch();
         Tracked { inner, activity }
     }
+
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
 }
 
 impl<T: AsyncRead> AsyncRead for Tracked<T> {

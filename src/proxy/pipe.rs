@@ -15,6 +15,9 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::limits::{Activity, Tracked};
+use crate::upstream::connect::Io;
+
 /// Bytes moved per read when a direction gets busy (see [`pump`]).
 const BUF_BYTES: usize = 16 * 1024;
 /// The most a busy direction's buffer grows to while reads keep filling it: a bulk transfer then
@@ -62,19 +65,45 @@ pub struct Report {
 /// Copies both ways between `client` and `upstream` until both directions end, one fails, or —
 /// when `no_reply_within` is set and the client's first byte starts a TLS handshake — the
 /// upstream side has sent nothing at all within that time (the handshake can no longer complete
-/// in time, so the tunnel is given up).
-pub async fn copy<C, U>(client: C, upstream: U, no_reply_within: Option<Duration>) -> Report
+/// in time, so the tunnel is given up). Bytes moving either way touch `activity`.
+///
+/// Two bare TCP sockets are split in place; anything else through tokio's split, whose halves
+/// take a lock on every read and write.
+pub async fn copy<C: Io, U: Io>(
+    mut client: C,
+    mut upstream: U,
+    activity: Activity,
+    no_reply_within: Option<Duration>,
+) -> Report {
+    if let (Some(client), Some(upstream)) = (client.as_socket(), upstream.as_socket()) {
+        return run(client.split(), upstream.split(), activity, no_reply_within).await;
+    }
+    let client = tokio::io::split(client);
+    let upstream = tokio::io::split(upstream);
+    run(client, upstream, activity, no_reply_within).await
+}
+
+/// [`copy`] on the ends' (read, write) halves.
+async fn run<CR, CW, UR, UW>(
+    (client_r, client_w): (CR, CW),
+    (up_r, up_w): (UR, UW),
+    activity: Activity,
+    no_reply_within: Option<Duration>,
+) -> Report
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    U: AsyncRead + AsyncWrite + Unpin,
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    UR: AsyncRead + Unpin,
+    UW: AsyncWrite + Unpin,
 {
+    let mut client_r = Tracked::new(client_r, activity.clone());
+    let mut client_w = Tracked::new(client_w, activity.clone());
+    let mut up_r = Tracked::new(up_r, activity.clone());
+    let mut up_w = Tracked::new(up_w, activity);
     let start = Instant::now();
     let up_bytes = AtomicU64::new(0);
     let down_bytes = AtomicU64::new(0);
     let client_first = AtomicU16::new(NO_BYTE);
-
-    let (mut client_r, mut client_w) = tokio::io::split(client);
-    let (mut up_r, mut up_w) = tokio::io::split(upstream);
     let to_upstream = pump(
         &mut client_r,
         &mut up_w,
@@ -246,12 +275,13 @@ async fn finish<W: AsyncWrite + Unpin>(w: &mut W, sides: (Side, Side)) -> End {
 mod tests {
     use super::*;
     use tokio::io::duplex;
+    use tokio::net::TcpStream;
 
     #[tokio::test]
     async fn counts_bytes_and_tells_which_side_ended_first() {
         let (client, mut client_peer) = duplex(1024);
         let (upstream, mut upstream_peer) = duplex(1024);
-        let run = tokio::spawn(copy(client, upstream, None));
+        let run = tokio::spawn(copy(client, upstream, Activity::new(), None));
         client_peer.write_all(b"hello").await.unwrap();
         let mut got = [0u8; 5];
         upstream_peer.read_exact(&mut got).await.unwrap();
@@ -276,7 +306,7 @@ mod tests {
     async fn bursts_small_and_large_arrive_whole_and_in_order() {
         let (client, mut client_peer) = duplex(64 * 1024);
         let (upstream, mut upstream_peer) = duplex(64 * 1024);
-        let run = tokio::spawn(copy(client, upstream, None));
+        let run = tokio::spawn(copy(client, upstream, Activity::new(), None));
         // Sizes around the idle buffer's and the busy buffer's capacities.
         let sizes = [
             1usize,
@@ -318,7 +348,7 @@ mod tests {
         // A pipe far larger than the first busy buffer: reads fill it, and it grows to the cap.
         let (client, mut client_peer) = duplex(1024 * 1024);
         let (upstream, mut upstream_peer) = duplex(1024 * 1024);
-        let run = tokio::spawn(copy(client, upstream, None));
+        let run = tokio::spawn(copy(client, upstream, Activity::new(), None));
         let data: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
         let write = async {
             upstream_peer.write_all(&data).await.unwrap();
@@ -339,11 +369,58 @@ mod tests {
         assert_eq!(report.upstream_bytes, data.len() as u64);
     }
 
+    /// Two connected loopback sockets.
+    async fn socket_pair() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (a.unwrap(), b.unwrap().0)
+    }
+
+    #[tokio::test]
+    async fn a_bulk_stream_between_two_sockets_arrives_whole() {
+        // client_peer ⇄ [client | copy | upstream] ⇄ upstream_peer, all loopback sockets.
+        let (mut client_peer, client) = socket_pair().await;
+        let (upstream, mut upstream_peer) = socket_pair().await;
+        let run = tokio::spawn(copy(client, upstream, Activity::new(), None));
+        client_peer.write_all(b"GET /bulk\r\n").await.unwrap();
+        let mut request = [0u8; 11];
+        upstream_peer.read_exact(&mut request).await.unwrap();
+        let data: Vec<u8> = (0..16 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        let write = async {
+            upstream_peer.write_all(&data).await.unwrap();
+            upstream_peer.shutdown().await.unwrap();
+            upstream_peer
+        };
+        let mut got = Vec::new();
+        let read = client_peer.read_to_end(&mut got);
+        let (upstream_peer, r) =
+            tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(write, read) })
+                .await
+                .unwrap();
+        r.unwrap();
+        assert!(
+            got == data,
+            "{} of {} bytes, or out of order",
+            got.len(),
+            data.len()
+        );
+        drop((client_peer, upstream_peer));
+        let report = run.await.unwrap();
+        assert_eq!(report.client_bytes, 11);
+        assert_eq!(report.upstream_bytes, data.len() as u64);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_tls_hello_without_any_reply_gives_up_at_the_limit() {
         let (client, mut client_peer) = duplex(1024);
         let (upstream, _upstream_peer) = duplex(1024);
-        let run = tokio::spawn(copy(client, upstream, Some(Duration::from_secs(10))));
+        let run = tokio::spawn(copy(
+            client,
+            upstream,
+            Activity::new(),
+            Some(Duration::from_secs(10)),
+        ));
         client_peer.write_all(&[0x16, 3, 1, 0, 1, 0]).await.unwrap();
         let report = run.await.unwrap();
         assert!(report.no_reply);
@@ -353,7 +430,12 @@ mod tests {
         // Not TLS: the limit does not apply (a plain protocol may wait for its server).
         let (client, mut client_peer) = duplex(1024);
         let (upstream, upstream_peer) = duplex(1024);
-        let run = tokio::spawn(copy(client, upstream, Some(Duration::from_secs(10))));
+        let run = tokio::spawn(copy(
+            client,
+            upstream,
+            Activity::new(),
+            Some(Duration::from_secs(10)),
+        ));
         client_peer.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
         tokio::time::sleep(Duration::from_secs(20)).await;
         drop(upstream_peer);

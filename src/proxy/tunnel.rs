@@ -18,7 +18,9 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
+use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
 use crate::health::Outcome;
@@ -30,7 +32,7 @@ use crate::proxy::{self, Body, headers};
 use crate::server::AfterUpgrade;
 use crate::state::Gateway;
 use crate::target::Target;
-use crate::upstream::connect::{BoxIo, Io};
+use crate::upstream::connect::{BoxIo, Io, Rewind};
 
 /// An upstream that ends a tunnel this soon after it was established...
 pub const EARLY_CLOSE_WITHIN: Duration = Duration::from_secs(2);
@@ -74,7 +76,7 @@ pub async fn handle(
     let tasks = gw.tasks.clone();
     let tunnel = async move {
         let client = match hyper::upgrade::on(req).await {
-            Ok(upgraded) => TokioIo::new(upgraded),
+            Ok(upgraded) => upgraded,
             Err(e) => {
                 tracing::debug!(error = %e, "client upgrade failed");
                 lease.finish(Outcome::Cancelled);
@@ -82,8 +84,9 @@ pub async fn handle(
             }
         };
         if !inspect {
-            return relay(&gw, client, io, lease).await;
+            return relay(&gw, unwrap_client(client), io, lease).await;
         }
+        let client = TokioIo::new(client);
         // Boxed: inspection's state is large, and an opaque tunnel should not carry (and copy
         // into its task) room for it.
         match Box::pin(intercept::relay::open(&gw, client, &target, &exclude)).await {
@@ -108,6 +111,23 @@ pub async fn handle(
     Ok(resp)
 }
 
+/// The client's connection as the socket it is, without hyper's wrapping (any bytes hyper read
+/// past the CONNECT come first): a tunnel between two bare sockets copies without locks.
+fn unwrap_client(upgraded: Upgraded) -> BoxIo {
+    match upgraded.downcast::<TokioIo<Tracked<TcpStream>>>() {
+        Ok(parts) => {
+            // The connection's own activity tracker; the tunnel keeps its own.
+            let socket = parts.io.into_inner().into_inner();
+            if parts.read_buf.is_empty() {
+                Box::new(socket)
+            } else {
+                Box::new(Rewind::new(parts.read_buf, socket))
+            }
+        }
+        Err(upgraded) => Box::new(TokioIo::new(upgraded)),
+    }
+}
+
 /// Copies bytes both ways until the tunnel ends, renewing the lease while it lives, and records
 /// the tunnel's outcome as [`judge`] sees it. A tunnel with no bytes moving for
 /// `tunnel_idle_timeout` is closed, and so is every tunnel still open when the shutdown grace has
@@ -116,10 +136,9 @@ pub async fn relay(gw: &Gateway, client: impl Io, upstream: BoxIo, lease: Lease)
     let _open = gw.counters.tunnel();
     let idle_timeout = gw.live.load().server.tunnel_idle_timeout;
     let activity = Activity::new();
-    let client = Tracked::new(client, activity.clone());
-    let upstream = Tracked::new(upstream, activity.clone());
     let renew_every = lease.ttl() / 2;
-    let copy = pipe::copy(client, upstream, Some(gw.config.server.connect_timeout));
+    let no_reply_within = Some(gw.config.server.connect_timeout);
+    let copy = pipe::copy(client, upstream, activity.clone(), no_reply_within);
     tokio::pin!(copy);
     let mut renew = tokio::time::interval(renew_every);
     renew.tick().await;

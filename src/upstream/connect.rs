@@ -5,6 +5,7 @@
 //! `connect_timeout`, so a proxy that accepts and then stalls costs no more than one that refuses.
 //! Errors name hosts and ports only: credentials are never formatted into them.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -28,8 +29,23 @@ use crate::health::Outcome;
 use crate::target::Target;
 
 /// Any byte stream to an upstream or through it.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket this stream is, when it is nothing more (no TLS, no buffered bytes): a
+    /// tunnel between two of them splits them in place (see [`crate::proxy::pipe::copy`]).
+    fn as_socket(&mut self) -> Option<&mut TcpStream>;
+}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {
+    fn as_socket(&mut self) -> Option<&mut TcpStream> {
+        let any: &mut dyn Any = self;
+        // A boxed stream is itself an `Io`: look through the box at what it holds.
+        if any.is::<BoxIo>() {
+            return any
+                .downcast_mut::<BoxIo>()
+                .and_then(|inner| (**inner).as_socket());
+        }
+        any.downcast_mut()
+    }
+}
 pub type BoxIo = Box<dyn Io>;
 
 /// Cap on a proxy's CONNECT reply header: a proxy that sends more is broken or hostile, and
