@@ -38,8 +38,6 @@ const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Connections the admin listener serves at once.
 const MAX_ADMIN_CONNECTIONS: usize = 64;
-/// Header lines accepted in one request head.
-pub const MAX_REQUEST_HEADERS: usize = 128;
 
 /// Which listener a loop serves: the limits differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +168,9 @@ async fn serve_connection<S, F>(
                 .timer(TokioTimer::new())
                 .header_read_timeout(server.header_read_timeout)
                 .max_buf_size(server.max_header_bytes)
-                .max_headers(MAX_REQUEST_HEADERS)
+                // Header lines per request head: hyper's default of 100 (Apache's
+                // LimitRequestFields), left unset because any other limit makes hyper allocate
+                // and fill two header tables for every request head it parses.
                 // A client that shuts down its sending side after its request still gets the
                 // answer.
                 .half_close(true)

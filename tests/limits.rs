@@ -393,3 +393,28 @@ async fn oversized_request_heads_get_431() {
     }
     assert_eq!(upstream.requests(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_of_100_header_lines_passes_and_one_of_101_gets_431() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = gateway("", &upstream).await;
+    let head = |lines: usize| {
+        // Host plus (lines - 1) others.
+        let extra: String = (1..lines).map(|i| format!("X-H{i}: v\r\n")).collect();
+        format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\n{extra}Connection: close\r\n\r\n",
+            origin.url("/ok"),
+            origin.authority()
+        )
+    };
+    // Host and Connection are two of the lines.
+    let raw = common::raw_http(gw.proxy, head(99).as_bytes()).await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(upstream.requests(), 1);
+    let raw = common::raw_http(gw.proxy, head(100).as_bytes()).await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+    assert_eq!(upstream.requests(), 1);
+}
