@@ -77,9 +77,13 @@ pub async fn handle(
     } else {
         parts.uri = origin_form(&parts.uri);
     }
-    // The absolute-form target wins over whatever Host the client sent (RFC 9112 §3.2.2).
-    if let Ok(v) = HeaderValue::from_str(&host_header(&target)) {
-        parts.headers.insert(header::HOST, v);
+    // The absolute-form target wins over whatever Host the client sent (RFC 9112 §3.2.2); a
+    // Host that already names it (as nearly every client's does) is kept as it is.
+    let named = parts.headers.get(header::HOST);
+    if !named.is_some_and(|v| names_target(v.as_bytes(), &target)) {
+        if let Ok(v) = HeaderValue::from_str(&host_header(&target)) {
+            parts.headers.insert(header::HOST, v);
+        }
     }
     let replay = body_is_empty(&body).then(|| parts.clone());
     let fault = Arc::new(BodyFault::default());
@@ -285,6 +289,29 @@ fn origin_form(uri: &Uri) -> Uri {
         .unwrap_or_else(|_| Uri::from_static("/"))
 }
 
+/// Whether a Host value names `target` as [`host_header`] would, the host in any letter case.
+/// IPv6 literals always get a fresh Host.
+fn names_target(value: &[u8], target: &Target) -> bool {
+    if target.host.contains(':') {
+        return false;
+    }
+    let (host, port) = match value.iter().rposition(|&b| b == b':') {
+        Some(i) => (&value[..i], Some(&value[i + 1..])),
+        None => (value, None),
+    };
+    let port_ok = match port {
+        None => target.port == 80,
+        Some(p) => {
+            !p.starts_with(b"0")
+                && std::str::from_utf8(p)
+                    .ok()
+                    .and_then(|p| p.parse::<u16>().ok())
+                    == Some(target.port)
+        }
+    };
+    port_ok && host.eq_ignore_ascii_case(target.host.as_bytes())
+}
+
 fn host_header(target: &Target) -> String {
     if target.port == 80 {
         if target.host.contains(':') {
@@ -294,5 +321,42 @@ fn host_header(target: &Target) -> String {
         }
     } else {
         target.authority()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_that_names_the_target_is_recognised_and_any_other_is_not() {
+        let t = Target::new("a.test", 8080);
+        assert!(names_target(b"a.test:8080", &t));
+        assert!(names_target(b"A.Test:8080", &t));
+        for other in [
+            &b"a.test"[..],
+            b"a.test:80",
+            b"a.test:08080",
+            b"b.test:8080",
+            b"a.test:",
+            b"",
+        ] {
+            assert!(
+                !names_target(other, &t),
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+        let t = Target::new("a.test", 80);
+        assert!(names_target(b"a.test", &t));
+        assert!(names_target(b"a.test:80", &t));
+        assert!(!names_target(b"a.test:8080", &t));
+        assert!(!names_target(b"a.test.evil", &t));
+        let t = Target::new("::1", 80);
+        assert!(!names_target(b"[::1]", &t));
+        // What the gateway would write itself is recognised as naming the target.
+        for t in [Target::new("a.test", 80), Target::new("a.test", 81)] {
+            assert!(names_target(host_header(&t).as_bytes(), &t), "{t}");
+        }
     }
 }
