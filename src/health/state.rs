@@ -65,12 +65,62 @@ pub struct Transition {
     pub reason: String,
 }
 
+/// The last samples, up to the window's size, with running counts: every observation asks for
+/// the ratios, and counting them afresh each time made each exchange cost O(window).
+#[derive(Clone, Debug, Default)]
+struct Window {
+    samples: VecDeque<Sample>,
+    successes: usize,
+    bans: usize,
+}
+
+impl Window {
+    fn push(&mut self, sample: Sample, size: usize) {
+        while self.samples.len() >= size.max(1) {
+            if let Some(old) = self.samples.pop_front() {
+                self.tally(old, false);
+            }
+        }
+        self.samples.push_back(sample);
+        self.tally(sample, true);
+    }
+
+    fn tally(&mut self, sample: Sample, add: bool) {
+        let n = match sample {
+            Sample::Success => &mut self.successes,
+            Sample::Ban => &mut self.bans,
+            Sample::Fault => return,
+        };
+        if add {
+            *n += 1;
+        } else {
+            *n -= 1;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    fn count(&self, s: Sample) -> usize {
+        match s {
+            Sample::Success => self.successes,
+            Sample::Ban => self.bans,
+            Sample::Fault => self.samples.len() - self.successes - self.bans,
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Window::default();
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct UpstreamHealth {
     state: State,
     since: Instant,
     reason: String,
-    window: VecDeque<Sample>,
+    window: Window,
     consecutive_faults: u32,
     consecutive_successes: u32,
     /// Quarantines in the current run (resets after `cooldown_reset_after` healthy).
@@ -95,7 +145,7 @@ impl UpstreamHealth {
             state: State::Healthy,
             since: now,
             reason: "initial".to_string(),
-            window: VecDeque::new(),
+            window: Window::default(),
             consecutive_faults: 0,
             consecutive_successes: 0,
             cycle: 0,
@@ -156,7 +206,7 @@ impl UpstreamHealth {
     }
 
     fn count(&self, s: Sample) -> usize {
-        self.window.iter().filter(|x| **x == s).count()
+        self.window.count(s)
     }
 
     /// Whether the upstream is failing by its recent window (for incident detection).
@@ -194,10 +244,7 @@ impl UpstreamHealth {
             self.cycle = 0;
             self.cycles_at_cap = 0;
         }
-        if self.window.len() == cfg.window {
-            self.window.pop_front();
-        }
-        self.window.push_back(sample);
+        self.window.push(sample, cfg.window);
         match sample {
             Sample::Success => {
                 self.consecutive_faults = 0;
@@ -533,6 +580,36 @@ fn round_ms(d: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_window_keeps_its_counts_right_as_it_slides_shrinks_and_clears() {
+        let mut w = Window::default();
+        let mut naive: VecDeque<Sample> = VecDeque::new();
+        let kinds = [Sample::Success, Sample::Fault, Sample::Ban];
+        // A fixed pseudo-random sequence; the size shrinks from 7 to 3 halfway through.
+        for i in 0..400usize {
+            let size = if i < 200 { 7 } else { 3 };
+            let sample = kinds[(i * 7 + i / 3) % 3];
+            w.push(sample, size);
+            naive.push_back(sample);
+            while naive.len() > size {
+                naive.pop_front();
+            }
+            assert_eq!(w.len(), naive.len());
+            for k in kinds {
+                assert_eq!(
+                    w.count(k),
+                    naive.iter().filter(|x| **x == k).count(),
+                    "{i} {k:?}"
+                );
+            }
+        }
+        w.clear();
+        assert_eq!(
+            (w.len(), w.count(Sample::Success), w.count(Sample::Fault)),
+            (0, 0, 0)
+        );
+    }
 
     fn cfg() -> HealthConfig {
         HealthConfig {
