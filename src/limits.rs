@@ -230,6 +230,10 @@ impl<T> Tracked<T> {
         Tracked { inner, activity }
     }
 
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
     pub fn into_inner(self) -> T {
         self.inner
     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, tcp};
 use tokio::time::Instant;
 
 use crate::limits::{Activity, Tracked};
@@ -91,9 +92,9 @@ async fn run<CR, CW, UR, UW>(
     no_reply_within: Option<Duration>,
 ) -> Report
 where
-    CR: AsyncRead + Unpin,
+    CR: AsyncRead + Readable + Unpin,
     CW: AsyncWrite + Unpin,
-    UR: AsyncRead + Unpin,
+    UR: AsyncRead + Readable + Unpin,
     UW: AsyncWrite + Unpin,
 {
     let mut client_r = Tracked::new(client_r, activity.clone());
@@ -164,16 +165,39 @@ where
     }
 }
 
+/// A read half whose socket can be waited on without a buffer: a bare TCP socket's.
+trait Readable {
+    fn socket(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+impl Readable for tcp::ReadHalf<'_> {
+    fn socket(&self) -> Option<&TcpStream> {
+        Some(self.as_ref())
+    }
+}
+
+impl<T> Readable for tokio::io::ReadHalf<T> {}
+
+impl<T: Readable> Readable for Tracked<T> {
+    fn socket(&self) -> Option<&TcpStream> {
+        self.get_ref().socket()
+    }
+}
+
 /// Copies `r` into `w` until `r` ends, then shuts `w` down. `sides` is (reader's side, writer's
 /// side), to say whose socket failed.
 ///
-/// An idle direction holds no copy buffer: it waits for bytes with a 64-byte one (what an empty
-/// `BytesMut` reserves when first read into). A short message is written from it as is; one that
-/// fills it takes a [`BUF_BYTES`] buffer together with whatever else can be read at once, so the
-/// bytes go out in one write. The direction keeps that buffer while bytes keep coming and gives it
-/// back after [`KEEP_BUFFER`] without any. A read that fills the buffer doubles it for the next
-/// one, up to [`MAX_BUF_BYTES`]. Neither is zeroed. An idle tunnel so holds 128 bytes of buffers
-/// rather than two zeroed 16 KiB ones, and a bulk transfer never drops its buffer mid-stream.
+/// An idle direction holds no copy buffer. Reading a bare socket, it waits for readiness alone
+/// and then reads into a [`BUF_BYTES`] buffer. Any other stream it waits on with a 64-byte buffer
+/// (what an empty `BytesMut` reserves when first read into): a short message is written from it
+/// as is, and one that fills it takes a [`BUF_BYTES`] buffer together with whatever else can be
+/// read at once, so the bytes go out in one write. The direction keeps that buffer while bytes
+/// keep coming and gives it back after [`KEEP_BUFFER`] without any. A read that fills the buffer
+/// doubles it for the next one, up to [`MAX_BUF_BYTES`]. Neither is zeroed. An idle tunnel so
+/// holds at most 128 bytes of buffers rather than two zeroed 16 KiB ones, and a bulk transfer
+/// never drops its buffer mid-stream.
 async fn pump<R, W>(
     r: &mut R,
     w: &mut W,
@@ -182,7 +206,7 @@ async fn pump<R, W>(
     first: Option<&AtomicU16>,
 ) -> End
 where
-    R: AsyncRead + Unpin,
+    R: AsyncRead + Readable + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut small = BytesMut::new();
@@ -200,27 +224,42 @@ where
                     Ok(Err(e)) => return End::Error(sides.0, e),
                 }
             }
-            None => {
-                small.clear();
-                let n = match r.read_buf(&mut small).await {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) => return End::Error(sides.0, e),
-                };
-                if n < small.capacity() {
-                    None
-                } else {
-                    // More is likely waiting: take it now, into the full-size buffer.
-                    let mut buf = BytesMut::with_capacity(BUF_BYTES);
-                    buf.extend_from_slice(&small);
-                    match ready_now(r.read_buf(&mut buf)).await {
-                        Some(Ok(0)) => ended = true,
-                        Some(Err(e)) => return End::Error(sides.0, e),
-                        Some(Ok(_)) | None => {}
+            None => match r.socket() {
+                // A bare socket: wait for bytes holding no buffer at all, then read what came
+                // at once (a message past the small buffer would otherwise take two reads).
+                Some(socket) => {
+                    if let Err(e) = socket.readable().await {
+                        return End::Error(sides.0, e);
                     }
-                    Some(buf)
+                    let mut buf = BytesMut::with_capacity(BUF_BYTES);
+                    match r.read_buf(&mut buf).await {
+                        Ok(0) => break,
+                        Ok(_) => Some(buf),
+                        Err(e) => return End::Error(sides.0, e),
+                    }
                 }
-            }
+                None => {
+                    small.clear();
+                    let n = match r.read_buf(&mut small).await {
+                        Ok(0) => break,
+                        Ok(n) => n,
+                        Err(e) => return End::Error(sides.0, e),
+                    };
+                    if n < small.capacity() {
+                        None
+                    } else {
+                        // More is likely waiting: take it now, into the full-size buffer.
+                        let mut buf = BytesMut::with_capacity(BUF_BYTES);
+                        buf.extend_from_slice(&small);
+                        match ready_now(r.read_buf(&mut buf)).await {
+                            Some(Ok(0)) => ended = true,
+                            Some(Err(e)) => return End::Error(sides.0, e),
+                            Some(Ok(_)) | None => {}
+                        }
+                        Some(buf)
+                    }
+                }
+            },
         };
         let bytes: &[u8] = chunk.as_deref().unwrap_or(&small);
         if let Some(first) = first {
@@ -275,7 +314,6 @@ async fn finish<W: AsyncWrite + Unpin>(w: &mut W, sides: (Side, Side)) -> End {
 mod tests {
     use super::*;
     use tokio::io::duplex;
-    use tokio::net::TcpStream;
 
     #[tokio::test]
     async fn counts_bytes_and_tells_which_side_ended_first() {
