@@ -240,7 +240,8 @@ async fn connections_past_the_limit_are_refused_without_harming_a_load_test() {
     );
     s.write_all(req.as_bytes()).await.unwrap();
     let (resp, _) = read_until_closed(&mut s, Duration::from_secs(5)).await;
-    assert!(String::from_utf8_lossy(&resp).starts_with("HTTP/1.1 200"));
+    let text = String::from_utf8_lossy(&resp);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
