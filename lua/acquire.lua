@@ -115,6 +115,19 @@ local function encode(m)
     .. '|' .. string.format('%.0f', m.s) .. '|' .. string.format('%d', m.r)
 end
 
+-- Members' states as read and decoded in this run: the acquires of one batch ask for the same
+-- few members again and again. Every write of a state in this script encodes the very table held
+-- here, so it never goes stale.
+local states = {}
+local function state_of(up)
+  local m = states[up]
+  if m == nil then
+    m = decode(redis.call('HGET', KEYS[2], up)) or false
+    states[up] = m
+  end
+  return m or nil
+end
+
 -- Leases past their deadline are void: their gateway is presumed dead.
 local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_s, 'LIMIT', '0', PURGE_MAX)
 if #expired > 0 then
@@ -172,7 +185,7 @@ if mode == 'session' then
   redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now_s)
   local bound = redis.call('GET', KEYS[9])
   if bound then
-    local m = decode(redis.call('HGET', KEYS[2], bound))
+    local m = state_of(bound)
     if m and m.k then
       -- No teleporting: a live binding keeps its upstream, even a degraded or quarantined one.
       if at_cap(bound) then
@@ -192,7 +205,7 @@ if mode == 'session' then
   end
   for i = 11, #ARGV do
     local up = ARGV[i]
-    local m = decode(redis.call('HGET', KEYS[2], up))
+    local m = state_of(up)
     if m and m.e then
       if at_cap(up) then
         return cap_reply()
@@ -220,7 +233,7 @@ local function each_member(zset, visit)
     if #batch == 0 then return nil end
     for _, up in ipairs(batch) do
       if not exclude[up] then
-        local m = decode(redis.call('HGET', KEYS[2], up))
+        local m = state_of(up)
         if m then
           local reply = visit(up, m)
           if reply then return reply end
@@ -278,7 +291,7 @@ local function pick()
       for j, up in ipairs(batch) do
         step = step + 1
         if not exclude[up] then
-          local m = decode(redis.call('HGET', KEYS[2], up))
+          local m = state_of(up)
           if m and m.e then
             saw = true
             if not at_cap(up) then
