@@ -450,6 +450,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn short_messages_between_two_sockets_arrive_after_quiet_spells() {
+        // Each direction goes idle (its buffer given back after KEEP_BUFFER) between messages and
+        // waits on the bare socket's readiness alone; every message still arrives whole.
+        let (mut client_peer, client) = socket_pair().await;
+        let (upstream, mut upstream_peer) = socket_pair().await;
+        let run = tokio::spawn(copy(client, upstream, Activity::new(), None));
+        let mut sent = 0u64;
+        for (i, n) in [1usize, 63, 64, 65, 5000, 16 * 1024 + 3]
+            .into_iter()
+            .enumerate()
+        {
+            let up: Vec<u8> = (0..n).map(|j| (i * 7 + j) as u8).collect();
+            client_peer.write_all(&up).await.unwrap();
+            let mut got = vec![0u8; n];
+            upstream_peer.read_exact(&mut got).await.unwrap();
+            assert_eq!(got, up, "message {i} upstream");
+            let down: Vec<u8> = up.iter().rev().copied().collect();
+            upstream_peer.write_all(&down).await.unwrap();
+            let mut got = vec![0u8; n];
+            client_peer.read_exact(&mut got).await.unwrap();
+            assert_eq!(got, down, "message {i} back");
+            sent += n as u64;
+            tokio::time::sleep(KEEP_BUFFER * 2).await;
+        }
+        drop((client_peer, upstream_peer));
+        let report = run.await.unwrap();
+        assert_eq!((report.client_bytes, report.upstream_bytes), (sent, sent));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_tls_hello_without_any_reply_gives_up_at_the_limit() {
         let (client, mut client_peer) = duplex(1024);
         let (upstream, _upstream_peer) = duplex(1024);
