@@ -167,10 +167,10 @@ async fn serve_connection<S, F>(
             http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(server.header_read_timeout)
+                // Header lines per request head stay at hyper's default of 100 (Apache's
+                // LimitRequestFields): `max_headers` is not called, because any other limit makes
+                // hyper allocate and fill two header tables for every request head it parses.
                 .max_buf_size(server.max_header_bytes)
-                // Header lines per request head: hyper's default of 100 (Apache's
-                // LimitRequestFields), left unset because any other limit makes hyper allocate
-                // and fill two header tables for every request head it parses.
                 // A client that shuts down its sending side after its request still gets the
                 // answer.
                 .half_close(true)

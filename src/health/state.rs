@@ -77,24 +77,25 @@ struct Window {
 impl Window {
     fn push(&mut self, sample: Sample, size: usize) {
         while self.samples.len() >= size.max(1) {
-            if let Some(old) = self.samples.pop_front() {
-                self.tally(old, false);
+            let Some(old) = self.samples.pop_front() else {
+                break;
+            };
+            if let Some(n) = self.counter(old) {
+                *n -= 1;
             }
         }
         self.samples.push_back(sample);
-        self.tally(sample, true);
+        if let Some(n) = self.counter(sample) {
+            *n += 1;
+        }
     }
 
-    fn tally(&mut self, sample: Sample, add: bool) {
-        let n = match sample {
-            Sample::Success => &mut self.successes,
-            Sample::Ban => &mut self.bans,
-            Sample::Fault => return,
-        };
-        if add {
-            *n += 1;
-        } else {
-            *n -= 1;
+    /// The running count `sample` is kept in; faults are what the others leave.
+    fn counter(&mut self, sample: Sample) -> Option<&mut usize> {
+        match sample {
+            Sample::Success => Some(&mut self.successes),
+            Sample::Ban => Some(&mut self.bans),
+            Sample::Fault => None,
         }
     }
 
