@@ -223,12 +223,13 @@ end
 -- A plain acquire of `lease` by the pool's strategy, skipping `exclude`.
 local exclude = {}
 
--- Calls visit(upstream, state) for the members of `zset`, in its order, that are not excluded
+-- Calls visit(upstream, state) for the members of `zset`, in its order, read `chunk` (default CHUNK) at a time, that are not excluded
 -- and have a state, until visit returns a reply, which is returned (nil when none did).
-local function each_member(zset, visit)
+local function each_member(zset, visit, chunk)
+  chunk = chunk or CHUNK
   local start = 0
   while true do
-    local lo, hi = range(start, CHUNK)
+    local lo, hi = range(start, chunk)
     local batch = redis.call('ZRANGE', zset, lo, hi)
     if #batch == 0 then return nil end
     for _, up in ipairs(batch) do
@@ -240,7 +241,7 @@ local function each_member(zset, visit)
         end
       end
     end
-    start = start + CHUNK
+    start = start + chunk
   end
 end
 
@@ -321,7 +322,76 @@ local function pick()
   return {'none'}
 end
 
+-- The acquires of a `many` batch under least-used / weighted. Each is decided in order, as a run
+-- of its own would decide it: the members ZSET is walked from its lowest score (one member per
+-- read when there is no cap) and the chosen member's score is raised at once, so the next acquire
+-- sees it. What no later acquire of the batch reads goes out once for the whole batch: the lease
+-- ids are checked with one HMGET and claimed with one HSET, their deadlines added with one ZADD,
+-- and the live counts raised with one HINCRBY per member (while the batch runs, `live` adds the
+-- batch's grants to what Redis holds).
+local function many_least_used()
+  local first = 8
+  local used = redis.call('HMGET', KEYS[6], unpack(ARGV, first, #ARGV))
+  local claimed, grants = {}, {}
+  local lease_pairs, deadline_pairs = {}, {}
+  local live_base = live
+  live = function(up)
+    return live_base(up) + (grants[up] or 0)
+  end
+  local chunk = cap == 0 and 1 or CHUNK
+  local replies = {}
+  for i = 1, #ARGV - first + 1 do
+    local id = ARGV[first + i - 1]
+    if used[i] or claimed[id] then
+      replies[i] = in_use()
+    else
+      local saw = false
+      local chosen = each_member(KEYS[3], function(up, m)
+        saw = true
+        if not at_cap(up) then return {up, m} end
+      end, chunk)
+      if chosen then
+        local up, m = chosen[1], chosen[2]
+        if m.e then
+          redis.call('ZINCRBY', KEYS[3], m.step, up)
+        else
+          m.s = m.s + math.max(m.c, 1)
+          redis.call('HSET', KEYS[2], up, encode(m))
+        end
+        claimed[id] = true
+        grants[up] = (grants[up] or 0) + 1
+        lease_pairs[#lease_pairs + 1] = id
+        lease_pairs[#lease_pairs + 1] = up
+        deadline_pairs[#deadline_pairs + 1] = deadline_s
+        deadline_pairs[#deadline_pairs + 1] = id
+        replies[i] = {'granted', up, '0'}
+      elseif saw then
+        -- Every member is at its cap: the earliest deadline, this batch's grants included.
+        local reply = cap_reply()
+        if #deadline_pairs > 0 and (reply[2] == '-1' or tonumber(reply[2]) > deadline) then
+          reply[2] = deadline_s
+        end
+        replies[i] = reply
+      else
+        replies[i] = {'none'}
+      end
+    end
+  end
+  if #lease_pairs > 0 then
+    redis.call('HSET', KEYS[6], unpack(lease_pairs))
+    redis.call('ZADD', KEYS[5], unpack(deadline_pairs))
+    for up, count in pairs(grants) do
+      redis.call('HINCRBY', KEYS[7], up, string.format('%d', count))
+    end
+  end
+  live = live_base
+  return replies
+end
+
 if mode == 'many' then
+  if strategy == 'least-used' or strategy == 'weighted' then
+    return many_least_used()
+  end
   local replies = {}
   for i = 8, #ARGV do
     lease = ARGV[i]

@@ -1,0 +1,292 @@
+//! `acquire.lua`'s `many` mode decides a batch of plain acquires on a copy of the pool that each
+//! grant updates, and writes the whole batch at the end. These tests hold it to its contract:
+//! every reply, and the state left behind, are exactly what the same acquires give when each
+//! runs as its own call (`any` mode), one after another, on an identical copy of the pool.
+//!
+//! Each case builds two copies of one pool under different hash tags of one test-started Redis,
+//! runs the batch on one and the single acquires on the other, and compares replies and keys.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::RedisServer;
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+
+const SCRIPT: &str = include_str!("../lua/acquire.lua");
+const NOW: u64 = 1_000_000;
+const DEADLINE: u64 = 1_060_000;
+
+/// One member: id, eligible, cost, allocation score, live leases.
+struct Member {
+    id: &'static str,
+    eligible: bool,
+    cost: u32,
+    score: u64,
+    live: u32,
+}
+
+fn m(id: &'static str, cost: u32, score: u64, live: u32) -> Member {
+    Member {
+        id,
+        eligible: true,
+        cost,
+        score,
+        live,
+    }
+}
+
+fn keys(tag: &str) -> Vec<String> {
+    [
+        "meta", "state", "members", "order", "leases", "lease_up", "live", "sessions",
+    ]
+    .iter()
+    .map(|k| format!("t:{{{tag}}}:{k}"))
+    .collect()
+}
+
+async fn setup(c: &mut MultiplexedConnection, tag: &str, members: &[Member], taken: &[&str]) {
+    let k = keys(tag);
+    let mut pipe = redis::pipe();
+    pipe.hset(&k[0], "rr", "0");
+    for (i, mb) in members.iter().enumerate() {
+        let state = format!(
+            "{}|1|{}|{}|0",
+            u8::from(mb.eligible),
+            mb.cost,
+            if mb.eligible { 0 } else { mb.score }
+        );
+        pipe.hset(&k[1], mb.id, state);
+        if mb.eligible {
+            pipe.zadd(&k[2], mb.id, mb.score);
+        }
+        pipe.zadd(&k[3], mb.id, i);
+        if mb.live > 0 {
+            pipe.hset(&k[6], mb.id, mb.live);
+        }
+    }
+    for id in taken {
+        // A lease of another gateway, far from expiring.
+        pipe.hset(&k[5], *id, members[0].id);
+        pipe.zadd(&k[4], *id, DEADLINE + 1_000);
+        pipe.hincr(&k[6], members[0].id, 1);
+    }
+    let _: () = pipe.query_async(c).await.expect("setup");
+}
+
+fn invocation<'a>(
+    script: &'a redis::Script,
+    tag: &str,
+    lease: &str,
+    cap: u32,
+    strategy: &str,
+    mode: &str,
+) -> redis::ScriptInvocation<'a> {
+    let mut inv = script.prepare_invoke();
+    for k in keys(tag) {
+        inv.key(k);
+    }
+    inv.arg(NOW.to_string())
+        .arg(lease)
+        .arg(DEADLINE.to_string())
+        .arg(cap.to_string())
+        .arg(strategy)
+        .arg(format!("t:{{{tag}}}:events"))
+        .arg(mode);
+    inv
+}
+
+/// Everything the script writes, as text, for comparison.
+async fn dump(c: &mut MultiplexedConnection, tag: &str) -> Vec<String> {
+    let k = keys(tag);
+    let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(&k[2])
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(c)
+        .await
+        .expect("members");
+    let leases: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(&k[4])
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(c)
+        .await
+        .expect("leases");
+    let mut lease_up: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&k[5])
+        .query_async(c)
+        .await
+        .expect("lease_up");
+    lease_up.sort();
+    let mut live: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&k[6])
+        .query_async(c)
+        .await
+        .expect("live");
+    live.sort();
+    let mut state: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&k[1])
+        .query_async(c)
+        .await
+        .expect("state");
+    state.sort();
+    vec![
+        format!("members {members:?}"),
+        format!("leases {leases:?}"),
+        format!("lease_up {lease_up:?}"),
+        format!("live {live:?}"),
+        format!("state {state:?}"),
+    ]
+}
+
+/// Runs `ids` as one batch and as single acquires on two copies of `members`; asserts that
+/// replies and state agree, and returns the replies.
+async fn same_as_single_runs(
+    members: &[Member],
+    taken: &[&str],
+    ids: &[&str],
+    cap: u32,
+    strategy: &str,
+) -> Vec<String> {
+    let redis = RedisServer::start().await;
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let script = redis::Script::new(SCRIPT);
+    setup(&mut c, "batch", members, taken).await;
+    setup(&mut c, "single", members, taken).await;
+
+    let mut inv = invocation(&script, "batch", "-", cap, strategy, "many");
+    for id in ids {
+        inv.arg(*id);
+    }
+    let batch: Result<Value, _> = inv.invoke_async(&mut c).await;
+    let mut single = Vec::new();
+    for id in ids {
+        let inv = invocation(&script, "single", id, cap, strategy, "any");
+        let reply: Value = match inv.invoke_async(&mut c).await {
+            Ok(v) => v,
+            Err(e) => Value::SimpleString(format!("error {}", e.code().unwrap_or("?"))),
+        };
+        single.push(reply);
+    }
+    let shown = |v: &Value| match v {
+        Value::ServerError(e) => format!("error {}", e.code()),
+        other => format!("{other:?}"),
+    };
+    let single: Vec<String> = single.iter().map(shown).collect();
+    let batch: Vec<String> = match batch {
+        Ok(Value::Array(batch)) => batch.iter().map(shown).collect(),
+        // An id already in use is a caller's bug (ids are 63 random bits): the reply list then
+        // holds an error, and the client takes the whole call as failed.
+        Err(e) if e.code() == Some("ERR") && e.to_string().contains("lease id in use") => {
+            assert!(single.iter().any(|r| r.contains("error")), "{single:?}");
+            single.clone()
+        }
+        other => panic!("batch reply is not a list: {other:?}"),
+    };
+    assert_eq!(batch, single, "replies differ");
+    assert_eq!(
+        dump(&mut c, "batch").await,
+        dump(&mut c, "single").await,
+        "state differs"
+    );
+    batch
+}
+
+#[tokio::test]
+async fn least_used_batch_with_ties_in_byte_order() {
+    // Equal scores everywhere: ties go by byte order, where `B` < `a` < `a-1` < `a_1` < `b`
+    // (a locale-aware order would put them otherwise).
+    let members = [
+        m("b", 1, 0, 0),
+        m("a_1", 1, 0, 0),
+        m("a-1", 1, 0, 0),
+        m("B", 1, 0, 0),
+        m("a", 1, 0, 0),
+    ];
+    let ids: Vec<String> = (1..=23).map(|i| format!("L{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let replies = same_as_single_runs(&members, &[], &ids, 0, "least-used").await;
+    assert!(replies[0].contains("\"B\""), "{}", replies[0]);
+    assert!(replies.iter().all(|r| r.contains("granted")), "{replies:?}");
+}
+
+#[tokio::test]
+async fn weighted_costs_and_uneven_scores() {
+    let members = [
+        m("http://10.0.0.1:8080", 3, 7, 0),
+        m("http://10.0.0.2:8080", 1, 9, 0),
+        m("http://10.0.0.3:8080", 2, 0, 0),
+        m("http://10.0.0.10:8080", 1, 12, 0),
+    ];
+    let ids: Vec<String> = (1..=40).map(|i| format!("{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    same_as_single_runs(&members, &[], &ids, 0, "weighted").await;
+    same_as_single_runs(&members, &[], &ids, 0, "least-used").await;
+}
+
+#[tokio::test]
+async fn caps_fill_up_and_then_every_acquire_gets_the_earliest_deadline() {
+    // cap 3: `x` has 2 live leases, `y` 1, `z` none; seven grants fit, the rest are refused.
+    let members = [m("x", 1, 0, 2), m("y", 1, 5, 1), m("z", 1, 9, 0)];
+    let ids: Vec<String> = (1..=10).map(|i| format!("c{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let replies = same_as_single_runs(&members, &[], &ids, 3, "least-used").await;
+    let granted = replies.iter().filter(|r| r.contains("granted")).count();
+    assert_eq!(granted, 6, "{replies:?}");
+    assert!(replies[9].contains("cap"), "{}", replies[9]);
+}
+
+#[tokio::test]
+async fn a_lease_id_in_use_is_refused_alone() {
+    // `old` is another gateway's lease; `dup` comes twice in the batch.
+    let members = [m("p", 1, 0, 0), m("q", 1, 0, 0)];
+    let ids = ["n1", "old", "dup", "n2", "dup", "n3"];
+    let replies = same_as_single_runs(&members, &["old"], &ids, 0, "least-used").await;
+    assert!(replies[1].contains("error"), "{replies:?}");
+    assert!(replies[4].contains("error"), "{replies:?}");
+    assert_eq!(replies.iter().filter(|r| r.contains("granted")).count(), 4);
+}
+
+#[tokio::test]
+async fn ineligible_members_and_an_empty_pool() {
+    let mut members = vec![m("e1", 1, 0, 0), m("e2", 2, 0, 0)];
+    members.push(Member {
+        id: "out",
+        eligible: false,
+        cost: 1,
+        score: 4,
+        live: 0,
+    });
+    let ids = ["a", "b", "c", "d", "e"];
+    same_as_single_runs(&members, &[], &ids, 0, "least-used").await;
+    let only_out = [Member {
+        id: "out",
+        eligible: false,
+        cost: 1,
+        score: 4,
+        live: 0,
+    }];
+    let replies = same_as_single_runs(&only_out, &[], &ids, 0, "least-used").await;
+    assert!(replies.iter().all(|r| r.contains("none")), "{replies:?}");
+}
+
+#[tokio::test]
+async fn a_pool_larger_than_one_chunk_is_decided_acquire_by_acquire() {
+    let ids: Vec<String> = (0..70).map(|i| format!("u{i:02}")).collect();
+    let members: Vec<Member> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| m(Box::leak(id.clone().into_boxed_str()), 1, (i % 3) as u64, 0))
+        .collect();
+    let leases: Vec<String> = (1..=30).map(|i| format!("l{i}")).collect();
+    let leases: Vec<&str> = leases.iter().map(String::as_str).collect();
+    same_as_single_runs(&members, &[], &leases, 0, "least-used").await;
+}
