@@ -26,9 +26,12 @@
 -- ARGV[7]  mode: any | many | session
 --   any:     ARGV[8..]  upstreams to exclude (already tried)
 --   many:    ARGV[8..]  lease ids (ARGV[2] is ignored): one plain acquire per id, in order, as if
---                       each were its own run; the reply is the list of their replies. A gateway
---                       sends the plain acquires that queued up while its last call was under way
---                       this way, so Redis pays the per-call cost once for all of them.
+--                       each were its own run; the reply is the list of their replies, each as one
+--                       string: "granted <bound_now> <upstream>", "cap <ms>", "none" or
+--                       "unconfigured" (a flat list of strings costs the client a fraction of a
+--                       list of lists to parse). A gateway sends the plain acquires that queued up
+--                       while its last call was under way this way, so Redis pays the per-call
+--                       cost once for all of them.
 --   session: ARGV[8] session TTL (ms)  ARGV[9] rebind (0|1)  ARGV[10] session key
 --            ARGV[11..] preferred upstreams, in consistent-hash order
 --
@@ -85,7 +88,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   if mode == 'many' then
     local all = {}
     for i = 8, #ARGV do
-      all[#all + 1] = {'unconfigured'}
+      all[#all + 1] = 'unconfigured'
     end
     return all
   end
@@ -388,14 +391,28 @@ local function many_least_used()
   return replies
 end
 
-if mode == 'many' then
-  if strategy == 'least-used' or strategy == 'weighted' then
-    return many_least_used()
+-- A reply of the many mode as one string (an error stays an error).
+local function line(reply)
+  if reply.err then return reply end
+  if reply[1] == 'granted' then
+    return 'granted ' .. reply[3] .. ' ' .. reply[2]
   end
-  local replies = {}
-  for i = 8, #ARGV do
-    lease = ARGV[i]
-    replies[#replies + 1] = pick()
+  return table.concat(reply, ' ')
+end
+
+if mode == 'many' then
+  local replies
+  if strategy == 'least-used' or strategy == 'weighted' then
+    replies = many_least_used()
+  else
+    replies = {}
+    for i = 8, #ARGV do
+      lease = ARGV[i]
+      replies[#replies + 1] = pick()
+    end
+  end
+  for i, reply in ipairs(replies) do
+    replies[i] = line(reply)
   end
   return replies
 end

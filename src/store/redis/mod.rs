@@ -996,7 +996,7 @@ impl Inner {
         for l in leases {
             inv.arg(l.0);
         }
-        let replies: Vec<Vec<String>> = self.eval(&inv, self.timeout).await?;
+        let replies: Vec<String> = self.eval(&inv, self.timeout).await?;
         if replies.len() != leases.len() {
             return Err(Fault::Broken(format!(
                 "acquire: {} replies for {} leases",
@@ -1006,7 +1006,7 @@ impl Inner {
         }
         replies
             .into_iter()
-            .map(|r| AcquireReply::parse(r).map_err(Fault::Broken))
+            .map(|r| AcquireReply::parse_line(&r).map_err(Fault::Broken))
             .collect()
     }
 

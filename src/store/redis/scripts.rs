@@ -75,11 +75,64 @@ impl AcquireReply {
             other => return Err(format!("acquire: unexpected reply `{other}`")),
         })
     }
+
+    /// One reply of the `many` mode: the same reply as one string, the upstream last (an id may
+    /// hold spaces): `granted <0|1> <upstream>`, `cap <ms>`, `none`, `unconfigured`.
+    pub fn parse_line(line: &str) -> Result<Self, String> {
+        let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match kind {
+            "granted" => {
+                let (bound, upstream) = rest
+                    .split_once(' ')
+                    .ok_or_else(|| "acquire: short `granted` reply".to_string())?;
+                Ok(AcquireReply::Granted {
+                    upstream: upstream.to_string(),
+                    bound_now: bound == "1",
+                })
+            }
+            _ if rest.is_empty() => Self::parse(vec![kind.to_string()]),
+            _ => Self::parse(vec![kind.to_string(), rest.to_string()]),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn many_mode_lines_parse_like_lists() {
+        assert_eq!(
+            AcquireReply::parse_line("granted 0 http://u 1").unwrap(),
+            AcquireReply::Granted {
+                upstream: "http://u 1".into(),
+                bound_now: false
+            }
+        );
+        assert_eq!(
+            AcquireReply::parse_line("cap 1700000000123").unwrap(),
+            AcquireReply::AtCapacity {
+                earliest_deadline_ms: Some(1_700_000_000_123)
+            }
+        );
+        assert_eq!(
+            AcquireReply::parse_line("cap -1").unwrap(),
+            AcquireReply::AtCapacity {
+                earliest_deadline_ms: None
+            }
+        );
+        assert_eq!(
+            AcquireReply::parse_line("none").unwrap(),
+            AcquireReply::NoCandidates
+        );
+        assert_eq!(
+            AcquireReply::parse_line("unconfigured").unwrap(),
+            AcquireReply::Unconfigured
+        );
+        assert!(AcquireReply::parse_line("granted 1").is_err());
+        assert!(AcquireReply::parse_line("cap").is_err());
+        assert!(AcquireReply::parse_line("what").is_err());
+    }
 
     #[test]
     fn acquire_replies_parse() {
