@@ -13,12 +13,12 @@ pub struct Target {
 impl Target {
     pub fn new(host: impl Into<String>, port: u16) -> Self {
         let host: String = host.into();
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .map(str::to_string)
-            .unwrap_or(host)
-            .to_ascii_lowercase();
+        let mut host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(inner) => inner.to_string(),
+            None => host,
+        };
+        // In place: a request names its target once, and this is on every request's path.
+        host.make_ascii_lowercase();
         Target { host, port }
     }
 

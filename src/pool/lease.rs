@@ -166,6 +166,32 @@ impl Lease {
             outcome,
             latency.as_secs_f64(),
         );
+        // Health hears the outcome now; what it decides reaches the store after the release.
+        let changes = if observed {
+            Vec::new()
+        } else {
+            h.pool
+                .health
+                .observe(&h.grant.upstream, &h.target_host, outcome, latency)
+        };
+        if let AnyStore::Memory(memory) = &*h.store {
+            // The embedded store needs no future: released here, in place.
+            if let Err(e) = memory.release_now(
+                h.pool.name(),
+                &h.grant.upstream,
+                h.grant.lease,
+                outcome,
+                latency,
+            ) {
+                tracing::warn!(upstream = %h.grant.upstream, error = %e, "lease release failed");
+            }
+            if !changes.is_empty() {
+                run_or_spawn(&h.tasks, async move {
+                    health::apply(&*h.store, h.pool.name(), changes).await;
+                });
+            }
+            return;
+        }
         let tasks = h.tasks.clone();
         run_or_spawn(&tasks, async move {
             if let Err(e) = h
@@ -181,13 +207,7 @@ impl Lease {
             {
                 tracing::warn!(upstream = %h.grant.upstream, error = %e, "lease release failed");
             }
-            if !observed {
-                let changes =
-                    h.pool
-                        .health
-                        .observe(&h.grant.upstream, &h.target_host, outcome, latency);
-                health::apply(&*h.store, h.pool.name(), changes).await;
-            }
+            health::apply(&*h.store, h.pool.name(), changes).await;
         });
     }
 }

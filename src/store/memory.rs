@@ -441,6 +441,32 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// [`Store::release`] without a future: the embedded store never waits, and a release is on
+    /// every request's path.
+    pub fn release_now(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        let entry = self.entry(pool)?;
+        {
+            let mut state = lock(&entry);
+            if let Some(m) = state.members.get_mut(upstream) {
+                m.outcomes[outcome.index()] += 1;
+                m.latency_total += latency;
+                m.latency_count += 1;
+            }
+            if state.end_lease(upstream, lease.0) {
+                state.members.remove(upstream);
+            }
+        }
+        entry.released.notify_waiters();
+        Ok(())
+    }
+
     fn entry(&self, pool: &str) -> Result<Arc<PoolEntry>, StoreError> {
         let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
         pools
@@ -523,20 +549,7 @@ impl Store for MemoryStore {
         outcome: Outcome,
         latency: Duration,
     ) -> Result<(), StoreError> {
-        let entry = self.entry(pool)?;
-        {
-            let mut state = lock(&entry);
-            if let Some(m) = state.members.get_mut(upstream) {
-                m.outcomes[outcome.index()] += 1;
-                m.latency_total += latency;
-                m.latency_count += 1;
-            }
-            if state.end_lease(upstream, lease.0) {
-                state.members.remove(upstream);
-            }
-        }
-        entry.released.notify_waiters();
-        Ok(())
+        self.release_now(pool, upstream, lease, outcome, latency)
     }
 
     async fn record(
