@@ -231,8 +231,10 @@ async fn connections_past_the_limit_are_refused_without_harming_a_load_test() {
         "{st}"
     );
 
-    // The idle connections are unharmed: one of them still serves a request.
-    let mut s = idle.pop().unwrap();
+    // The idle connections are unharmed: one of them still serves a request. The first one
+    // opened: should the load test's client have opened a spare connection while the idle ones
+    // were being opened, the last of them was past the limit and refused (as it should be).
+    let mut s = idle.swap_remove(0);
     let req = format!(
         "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
         origin.url("/ok"),
