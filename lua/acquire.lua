@@ -162,19 +162,24 @@ local function cap_reply()
   return {'cap', first[2] or '-1'}
 end
 
--- Leases `up` and counts the allocation: the score grows by the member's cost (in the members
--- ZSET while it is eligible, else in its saved score). The lease id is claimed first, so an id in
--- use gets nil and nothing of the grant is written. Ids are 63 random bits: that is a caller bug.
-local function grant(up, m, bound_now)
-  if redis.call('HSETNX', KEYS[6], lease, up) == 0 then
-    return nil
-  end
+-- Counts an allocation of `up`: the score grows by the member's cost (in the members ZSET while
+-- it is eligible, else in its saved score).
+local function count_allocation(up, m)
   if m.e then
     redis.call('ZINCRBY', KEYS[3], m.step, up)
   else
     m.s = m.s + math.max(m.c, 1)
     redis.call('HSET', KEYS[2], up, encode(m))
   end
+end
+
+-- Leases `up` and counts the allocation. The lease id is claimed first, so an id in use gets nil
+-- and nothing of the grant is written. Ids are 63 random bits: that is a caller bug.
+local function grant(up, m, bound_now)
+  if redis.call('HSETNX', KEYS[6], lease, up) == 0 then
+    return nil
+  end
+  count_allocation(up, m)
   redis.call('ZADD', KEYS[5], deadline_s, lease)
   redis.call('HINCRBY', KEYS[7], up, '1')
   return {'granted', up, bound_now}
@@ -355,12 +360,7 @@ local function many_least_used()
       end, chunk)
       if chosen then
         local up, m = chosen[1], chosen[2]
-        if m.e then
-          redis.call('ZINCRBY', KEYS[3], m.step, up)
-        else
-          m.s = m.s + math.max(m.c, 1)
-          redis.call('HSET', KEYS[2], up, encode(m))
-        end
+        count_allocation(up, m)
         claimed[id] = true
         grants[up] = (grants[up] or 0) + 1
         lease_pairs[#lease_pairs + 1] = id

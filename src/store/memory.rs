@@ -203,6 +203,15 @@ impl PoolState {
         }
     }
 
+    /// Counts one exchange's outcome and latency in `upstream`'s statistics.
+    fn count(&mut self, upstream: &UpstreamId, outcome: Outcome, latency: Duration) {
+        if let Some(m) = self.members.get_mut(upstream) {
+            m.outcomes[outcome.index()] += 1;
+            m.latency_total += latency;
+            m.latency_count += 1;
+        }
+    }
+
     /// Ends one lease; true when its member was removed from the pool and this was its last.
     fn end_lease(&mut self, id: &UpstreamId, lease: u64) -> bool {
         let ended = self.update(id, |m| m.leases.remove(&lease));
@@ -454,11 +463,7 @@ impl MemoryStore {
         let entry = self.entry(pool)?;
         {
             let mut state = lock(&entry);
-            if let Some(m) = state.members.get_mut(upstream) {
-                m.outcomes[outcome.index()] += 1;
-                m.latency_total += latency;
-                m.latency_count += 1;
-            }
+            state.count(upstream, outcome, latency);
             if state.end_lease(upstream, lease.0) {
                 state.members.remove(upstream);
             }
@@ -560,12 +565,7 @@ impl Store for MemoryStore {
         latency: Duration,
     ) -> Result<(), StoreError> {
         let entry = self.entry(pool)?;
-        let mut state = lock(&entry);
-        if let Some(m) = state.members.get_mut(upstream) {
-            m.outcomes[outcome.index()] += 1;
-            m.latency_total += latency;
-            m.latency_count += 1;
-        }
+        lock(&entry).count(upstream, outcome, latency);
         Ok(())
     }
 
