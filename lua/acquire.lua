@@ -149,8 +149,11 @@ if #expired > 0 then
   end
 end
 
+-- Grants of this run not yet counted in the live HASH (a `many` batch counts them at its end).
+local pending = {}
+
 local function live(up)
-  return tonumber(redis.call('HGET', KEYS[7], up) or '0')
+  return tonumber(redis.call('HGET', KEYS[7], up) or '0') + (pending[up] or 0)
 end
 
 local function at_cap(up)
@@ -231,8 +234,9 @@ end
 -- A plain acquire of `lease` by the pool's strategy, skipping `exclude`.
 local exclude = {}
 
--- Calls visit(upstream, state) for the members of `zset`, in its order, read `chunk` (default CHUNK) at a time, that are not excluded
--- and have a state, until visit returns a reply, which is returned (nil when none did).
+-- Calls visit(upstream, state) for the members of `zset`, in its order, read `chunk` (default
+-- CHUNK) at a time, that are not excluded and have a state, until visit returns a reply, which is
+-- returned (nil when none did).
 local function each_member(zset, visit, chunk)
   chunk = chunk or CHUNK
   local start = 0
@@ -336,16 +340,12 @@ end
 -- sees it. What no later acquire of the batch reads goes out once for the whole batch: the lease
 -- ids are checked with one HMGET and claimed with one HSET, their deadlines added with one ZADD,
 -- and the live counts raised with one HINCRBY per member (while the batch runs, `live` adds the
--- batch's grants to what Redis holds).
+-- batch's grants, kept in `pending`, to what Redis holds).
 local function many_least_used()
   local first = 8
   local used = redis.call('HMGET', KEYS[6], unpack(ARGV, first, #ARGV))
-  local claimed, grants = {}, {}
+  local claimed = {}
   local lease_pairs, deadline_pairs = {}, {}
-  local live_base = live
-  live = function(up)
-    return live_base(up) + (grants[up] or 0)
-  end
   local chunk = cap == 0 and 1 or CHUNK
   local replies = {}
   for i = 1, #ARGV - first + 1 do
@@ -362,7 +362,7 @@ local function many_least_used()
         local up, m = chosen[1], chosen[2]
         count_allocation(up, m)
         claimed[id] = true
-        grants[up] = (grants[up] or 0) + 1
+        pending[up] = (pending[up] or 0) + 1
         lease_pairs[#lease_pairs + 1] = id
         lease_pairs[#lease_pairs + 1] = up
         deadline_pairs[#deadline_pairs + 1] = deadline_s
@@ -383,11 +383,10 @@ local function many_least_used()
   if #lease_pairs > 0 then
     redis.call('HSET', KEYS[6], unpack(lease_pairs))
     redis.call('ZADD', KEYS[5], unpack(deadline_pairs))
-    for up, count in pairs(grants) do
+    for up, count in pairs(pending) do
       redis.call('HINCRBY', KEYS[7], up, string.format('%d', count))
     end
   end
-  live = live_base
   return replies
 end
 

@@ -23,8 +23,8 @@ use crate::admin::metrics::Metrics;
 use crate::health::{self, Outcome};
 use crate::pool::Pool;
 use crate::state::Gateway;
-use crate::store::{AnyStore, Grant, Store};
-use crate::upstream::Upstream;
+use crate::store::{AnyStore, Grant, Store, StoreError};
+use crate::upstream::{Upstream, UpstreamId};
 
 pub struct Lease {
     inner: Option<Held>,
@@ -174,17 +174,12 @@ impl Lease {
                 .health
                 .observe(&h.grant.upstream, &h.target_host, outcome, latency)
         };
-        if let AnyStore::Memory(memory) = &*h.store {
-            // The embedded store needs no future: released here, in place.
-            if let Err(e) = memory.release_now(
-                h.pool.name(),
-                &h.grant.upstream,
-                h.grant.lease,
-                outcome,
-                latency,
-            ) {
-                tracing::warn!(upstream = %h.grant.upstream, error = %e, "lease release failed");
-            }
+        let (pool, upstream, lease) = (h.pool.name(), &h.grant.upstream, h.grant.lease);
+        if let Some(released) = h
+            .store
+            .release_in_place(pool, upstream, lease, outcome, latency)
+        {
+            log_release_failure(upstream, released);
             if !changes.is_empty() {
                 run_or_spawn(&h.tasks, async move {
                     health::apply(&*h.store, h.pool.name(), changes).await;
@@ -194,21 +189,20 @@ impl Lease {
         }
         let tasks = h.tasks.clone();
         run_or_spawn(&tasks, async move {
-            if let Err(e) = h
+            let (pool, upstream) = (h.pool.name(), &h.grant.upstream);
+            let released = h
                 .store
-                .release(
-                    h.pool.name(),
-                    &h.grant.upstream,
-                    h.grant.lease,
-                    outcome,
-                    latency,
-                )
-                .await
-            {
-                tracing::warn!(upstream = %h.grant.upstream, error = %e, "lease release failed");
-            }
-            health::apply(&*h.store, h.pool.name(), changes).await;
+                .release(pool, upstream, h.grant.lease, outcome, latency)
+                .await;
+            log_release_failure(upstream, released);
+            health::apply(&*h.store, pool, changes).await;
         });
+    }
+}
+
+fn log_release_failure(upstream: &UpstreamId, released: Result<(), StoreError>) {
+    if let Err(e) = released {
+        tracing::warn!(upstream = %upstream, error = %e, "lease release failed");
     }
 }
 

@@ -316,6 +316,24 @@ pub enum AnyStore {
     Redis(redis::RedisStore),
 }
 
+impl AnyStore {
+    /// [`Store::release`] done here and now when the backend never waits (the embedded store);
+    /// `None` when it must go to Redis, which the caller then does off the response path.
+    pub fn release_in_place(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Option<Result<(), StoreError>> {
+        match self {
+            AnyStore::Memory(s) => Some(s.release_now(pool, upstream, lease, outcome, latency)),
+            AnyStore::Redis(_) => None,
+        }
+    }
+}
+
 /// Forwards a call to whichever backend is configured.
 macro_rules! dispatch {
     ($self:ident, $s:ident => $call:expr) => {
