@@ -322,6 +322,9 @@ impl Running {
                 tracing::warn!("some work did not end after its tunnel was closed");
             }
         }
+        if !self.gw.store.settle(LEASE_RELEASE_TIMEOUT).await {
+            tracing::warn!("some lease releases did not reach the store before exit");
+        }
         drained
     }
 

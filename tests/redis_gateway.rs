@@ -1,7 +1,7 @@
 //! Several gateway processes sharing one pool through Redis: caps and balance across instances,
 //! sessions and quarantines seen everywhere without polling, capacity back after a SIGKILL,
-//! NOSCRIPT and restarts under load, a Redis outage under load, and the commands a request and an
-//! idle instance cost.
+//! NOSCRIPT and restarts under load, a Redis outage under load, no lease left by a stop under load,
+//! and the commands a request and an idle instance cost.
 //!
 //! Every Redis is started by the test itself on a free loopback port; every gateway is the
 //! `poolgate` binary as a child process.
@@ -381,6 +381,44 @@ async fn a_killed_instance_returns_its_capacity_within_lease_ttl() {
         "capacity back after {last:?}"
     );
     drop(held);
+}
+
+/// A gateway stopped (SIGTERM) under load leaves no lease behind in Redis: the releases of the
+/// requests it finishes while draining go out before it exits, though nobody waits for them on
+/// the response path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_under_load_leaves_no_lease_in_redis() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(4).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let mut gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    let load = Load::start(&client_via(&gw), &origin.url("/"), 32);
+    assert!(
+        common::wait_until(
+            || load.done.load(Ordering::SeqCst) >= 500,
+            Duration::from_secs(20)
+        )
+        .await,
+        "the load got going"
+    );
+    gw.signal("TERM");
+    let exit = tokio::time::timeout(Duration::from_secs(20), gw.child.wait())
+        .await
+        .expect("exits within 20 s")
+        .unwrap();
+    let (done, _, _) = load.finish().await;
+    assert!(exit.success(), "clean exit: {exit:?}");
+    let leases = redis.cli(&["ZCARD", "pg:{default}:leases"]);
+    let listed = redis.cli(&["HLEN", "pg:{default}:lease_up"]);
+    let live = redis.cli(&["HGETALL", "pg:{default}:live"]);
+    eprintln!(
+        "stopped after {done} requests: leases {leases:?}, lease_up {listed:?}, live {live:?}"
+    );
+    assert_eq!(leases.trim(), "0", "no lease left");
+    assert_eq!(listed.trim(), "0", "no lease listed");
+    assert_eq!(live.trim(), "", "no live count left");
 }
 
 /// Plain requests in a loop until `stop`; counts requests and failures, keeps the slowest.

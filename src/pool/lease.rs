@@ -1,10 +1,10 @@
 //! The lease a request or tunnel holds on its upstream, from connect to close.
 //!
 //! Releasing is never forgotten: a lease dropped without [`Lease::finish`] (the client went away
-//! mid-response) is released as `cancelled`. Release never holds up the response: it completes on
-//! the spot when the store needs no waiting (the embedded store), and otherwise goes on in a task
-//! on the task tracker, which shutdown waits for. The outcome goes to the store and to the pool's
-//! health engine, whose decisions are applied to the store in the same step.
+//! mid-response) is released as `cancelled`. Release never holds up the response: the embedded
+//! store ends the lease on the spot, and the Redis store queues it for the pool's next release
+//! call, which shutdown waits for. The outcome goes to the store and to the pool's health engine,
+//! whose decisions are applied to the store right after (on the task tracker when they wait).
 //!
 //! A lease may also carry several exchanges: an inspected tunnel holds one lease (it is one
 //! connection through the upstream) and relays many requests. Each of them is recorded with
@@ -23,8 +23,8 @@ use crate::admin::metrics::Metrics;
 use crate::health::{self, Outcome};
 use crate::pool::Pool;
 use crate::state::Gateway;
-use crate::store::{AnyStore, Grant, Store, StoreError};
-use crate::upstream::{Upstream, UpstreamId};
+use crate::store::{AnyStore, Grant, Store};
+use crate::upstream::Upstream;
 
 pub struct Lease {
     inner: Option<Held>,
@@ -166,7 +166,7 @@ impl Lease {
             outcome,
             latency.as_secs_f64(),
         );
-        // Health hears the outcome now; what it decides reaches the store after the release.
+        // Health hears the outcome now; what it decides goes to the store after the release.
         let changes = if observed {
             Vec::new()
         } else {
@@ -175,34 +175,14 @@ impl Lease {
                 .observe(&h.grant.upstream, &h.target_host, outcome, latency)
         };
         let (pool, upstream, lease) = (h.pool.name(), &h.grant.upstream, h.grant.lease);
-        if let Some(released) = h
-            .store
-            .release_in_place(pool, upstream, lease, outcome, latency)
-        {
-            log_release_failure(upstream, released);
-            if !changes.is_empty() {
-                run_or_spawn(&h.tasks, async move {
-                    health::apply(&*h.store, h.pool.name(), changes).await;
-                });
-            }
-            return;
+        if let Err(e) = h.store.release_now(pool, upstream, lease, outcome, latency) {
+            tracing::warn!(upstream = %upstream, error = %e, "lease release failed");
         }
-        let tasks = h.tasks.clone();
-        run_or_spawn(&tasks, async move {
-            let (pool, upstream) = (h.pool.name(), &h.grant.upstream);
-            let released = h
-                .store
-                .release(pool, upstream, h.grant.lease, outcome, latency)
-                .await;
-            log_release_failure(upstream, released);
-            health::apply(&*h.store, pool, changes).await;
-        });
-    }
-}
-
-fn log_release_failure(upstream: &UpstreamId, released: Result<(), StoreError>) {
-    if let Err(e) = released {
-        tracing::warn!(upstream = %upstream, error = %e, "lease release failed");
+        if !changes.is_empty() {
+            run_or_spawn(&h.tasks, async move {
+                health::apply(&*h.store, h.pool.name(), changes).await;
+            });
+        }
     }
 }
 

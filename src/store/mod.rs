@@ -316,24 +316,6 @@ pub enum AnyStore {
     Redis(redis::RedisStore),
 }
 
-impl AnyStore {
-    /// [`Store::release`] done here and now when the backend never waits (the embedded store);
-    /// `None` when it must go to Redis, which the caller then does off the response path.
-    pub fn release_in_place(
-        &self,
-        pool: &str,
-        upstream: &UpstreamId,
-        lease: LeaseId,
-        outcome: Outcome,
-        latency: Duration,
-    ) -> Option<Result<(), StoreError>> {
-        match self {
-            AnyStore::Memory(s) => Some(s.release_now(pool, upstream, lease, outcome, latency)),
-            AnyStore::Redis(_) => None,
-        }
-    }
-}
-
 /// Forwards a call to whichever backend is configured.
 macro_rules! dispatch {
     ($self:ident, $s:ident => $call:expr) => {
@@ -342,6 +324,32 @@ macro_rules! dispatch {
             AnyStore::Redis($s) => $call,
         }
     };
+}
+
+impl AnyStore {
+    /// [`Store::release`] without a future: the embedded store ends the lease here and now; the
+    /// Redis store queues it for the pool's next release call, which deals with its failures. A
+    /// release is on every request's path, and waiting for Redis there would hold nobody up but
+    /// would cost a task per request.
+    pub fn release_now(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.release_now(pool, upstream, lease, outcome, latency))
+    }
+
+    /// Waits (at most `limit`) for the releases [`AnyStore::release_now`] queued to reach the
+    /// store; true when they all did. Shutdown calls it last.
+    pub async fn settle(&self, limit: Duration) -> bool {
+        match self {
+            AnyStore::Memory(_) => true,
+            AnyStore::Redis(s) => s.settle(limit).await,
+        }
+    }
 }
 
 impl Store for AnyStore {

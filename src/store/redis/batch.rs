@@ -5,14 +5,16 @@
 //! load that fixed price was most of the bill. A [`Batcher`] lets at most `max_calls` calls of one
 //! kind be under way; work that arrives meanwhile waits, and the next call carries all of it (up
 //! to `max_batch` items). No timer is involved: when Redis is idle an item goes at once, as before,
-//! and the busier Redis is, the more each call carries. Each item still gets its own answer, and
-//! its sender waits for it, so what a sender reads afterwards includes its item.
+//! and the busier Redis is, the more each call carries. Each item sent gets its own answer, and
+//! its sender waits for it, so what a sender reads afterwards includes its item. An item posted
+//! instead has nobody waiting: the call itself must handle what happens to it.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
 
 use super::{Fault, locked};
 
@@ -22,16 +24,19 @@ pub(super) struct Batcher<T, R> {
     state: Mutex<State<T, R>>,
     max_batch: usize,
     max_calls: usize,
+    /// Where the sending tasks run, so a shutdown can wait for posted work to go out.
+    tasks: TaskTracker,
 }
 
 struct State<T, R> {
-    waiting: VecDeque<(T, Answer<R>)>,
+    /// Each item with where its answer goes (`None`: posted, nobody waits).
+    waiting: VecDeque<(T, Option<Answer<R>>)>,
     /// Tasks sending calls; each takes what waits until nothing does.
     calls: usize,
 }
 
 impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
-    pub(super) fn new(max_batch: usize, max_calls: usize) -> Self {
+    pub(super) fn new(max_batch: usize, max_calls: usize, tasks: TaskTracker) -> Self {
         Batcher {
             state: Mutex::new(State {
                 waiting: VecDeque::new(),
@@ -39,6 +44,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             }),
             max_batch: max_batch.max(1),
             max_calls: max_calls.max(1),
+            tasks,
         }
     }
 
@@ -51,9 +57,31 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
         Fut: Future<Output = Result<Vec<R>, Fault>> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
+        self.queue(item, Some(tx), call);
+        rx.await
+            .unwrap_or_else(|_| Err(Fault::Down("the call carrying it was abandoned".into())))
+    }
+
+    /// Queues `item` without waiting: for work whose outcome the call handles itself, so the
+    /// poster needs no task of its own to wait in.
+    pub(super) fn post<C, F, Fut>(self: &Arc<Self>, item: T, call: C)
+    where
+        C: FnOnce() -> F,
+        F: FnMut(Vec<T>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<R>, Fault>> + Send + 'static,
+    {
+        self.queue(item, None, call);
+    }
+
+    fn queue<C, F, Fut>(self: &Arc<Self>, item: T, answer: Option<Answer<R>>, call: C)
+    where
+        C: FnOnce() -> F,
+        F: FnMut(Vec<T>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<R>, Fault>> + Send + 'static,
+    {
         let start = {
             let mut s = locked(&self.state);
-            s.waiting.push_back((item, tx));
+            s.waiting.push_back((item, answer));
             let start = s.calls < self.max_calls;
             if start {
                 s.calls += 1;
@@ -61,7 +89,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             start
         };
         if start {
-            tokio::spawn(drain(
+            self.tasks.spawn(drain(
                 Slot {
                     batcher: self.clone(),
                     done: false,
@@ -69,14 +97,13 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                 call(),
             ));
         }
-        rx.await
-            .unwrap_or_else(|_| Err(Fault::Down("the call carrying it was abandoned".into())))
     }
 }
 
 /// One sending task's place in [`State::calls`]. A task that ends early (the runtime shuts down)
 /// gives it back here, and when it was the last one, the items left waiting are answered `Down`
-/// (their senders keep them for replay) instead of waiting forever.
+/// (their senders keep them for replay) instead of waiting forever; posted ones are dropped with
+/// the runtime.
 struct Slot<T, R> {
     batcher: Arc<Batcher<T, R>>,
     /// The place was given back with the queue found empty, under the same lock.
@@ -102,7 +129,7 @@ where
     Fut: Future<Output = Result<Vec<R>, Fault>>,
 {
     loop {
-        let (items, answers): (Vec<T>, Vec<Answer<R>>) = {
+        let (items, answers): (Vec<T>, Vec<Option<Answer<R>>>) = {
             let b = &slot.batcher;
             let mut s = locked(&b.state);
             if s.waiting.is_empty() {
@@ -120,11 +147,13 @@ where
                     let r = replies
                         .next()
                         .ok_or_else(|| Fault::Broken("a batch reply is short".into()));
-                    let _ = a.send(r);
+                    if let Some(a) = a {
+                        let _ = a.send(r);
+                    }
                 }
             }
             Err(f) => {
-                for a in answers {
+                for a in answers.into_iter().flatten() {
                     let _ = a.send(Err(f.clone()));
                 }
             }
@@ -170,7 +199,7 @@ mod tests {
     /// carried with the failure.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn waiting_items_share_the_next_call_and_get_their_own_answers() {
-        let b: Arc<Batcher<u32, u32>> = Arc::new(Batcher::new(50, 1));
+        let b: Arc<Batcher<u32, u32>> = Arc::new(Batcher::new(50, 1, TaskTracker::new()));
         let calls: Calls = Arc::default();
         let (open_tx, open_rx) = tokio::sync::watch::channel(false);
         let mut set = tokio::task::JoinSet::new();
@@ -228,7 +257,7 @@ mod tests {
     /// once in a second call instead of waiting.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_second_call_starts_while_the_first_is_under_way() {
-        let b: Arc<Batcher<u32, u32>> = Arc::new(Batcher::new(50, 2));
+        let b: Arc<Batcher<u32, u32>> = Arc::new(Batcher::new(50, 2, TaskTracker::new()));
         let calls: Calls = Arc::default();
         let (open_tx, open_rx) = tokio::sync::watch::channel(false);
         let first = {
@@ -250,5 +279,43 @@ mod tests {
         assert_eq!(second.unwrap(), 20);
         open_tx.send(true).unwrap();
         assert_eq!(first.await.unwrap().unwrap(), 10);
+    }
+
+    /// A posted item needs nobody to wait: its call carries it all the same, with the items sent
+    /// meanwhile, and the tracker the batcher was given holds the call until it has ended (what a
+    /// shutdown waits for).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn posted_items_go_out_and_the_tracker_waits_for_their_call() {
+        let tasks = TaskTracker::new();
+        let b: Arc<Batcher<u32, u32>> = Arc::new(Batcher::new(50, 1, tasks.clone()));
+        let calls: Calls = Arc::default();
+        let (open_tx, open_rx) = tokio::sync::watch::channel(false);
+        b.post(1, || caller(calls.clone(), open_rx.clone()));
+        for _ in 0..2000 {
+            if !calls.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        b.post(2, || caller(calls.clone(), open_rx.clone()));
+        let sent = {
+            let b = b.clone();
+            let call = caller(calls.clone(), open_rx.clone());
+            tokio::spawn(async move { b.send(3, || call).await })
+        };
+        tasks.close();
+        let early = tokio::time::timeout(Duration::from_millis(50), tasks.wait()).await;
+        assert!(early.is_err(), "the held call is still under way");
+        open_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+            .await
+            .expect("the call ends once let go");
+        assert_eq!(
+            sent.await.unwrap().unwrap(),
+            30,
+            "the sent item's own answer"
+        );
+        assert_eq!(*calls.lock().unwrap(), [vec![1], vec![2, 3]]);
+        assert_eq!(locked(&b.state).calls, 0, "no sending task left");
     }
 }

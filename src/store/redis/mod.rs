@@ -43,6 +43,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, RedisError, ScriptInvocation};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
 
 use super::memory::MemoryStore;
 use super::{
@@ -268,7 +269,7 @@ struct PoolLocal {
     probe: tokio::sync::Mutex<Option<(u64, bool)>>,
     /// Plain acquires and releases waiting for the call that will carry them.
     acquires: Arc<Batcher<LeaseId, AcquireReply>>,
-    releases: Arc<Batcher<Release, bool>>,
+    releases: Arc<Batcher<Release, ()>>,
 }
 
 /// One lease to end, and what its exchange recorded.
@@ -329,6 +330,54 @@ struct Inner {
     /// The channels the events connection is subscribed to right now.
     subscribed: watch::Sender<BTreeSet<String>>,
     stop: CancellationToken,
+    /// The tasks sending batched calls (see `batch.rs`); posted releases are only done once
+    /// theirs has ended.
+    calls: TaskTracker,
+}
+
+type ReleaseCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<()>, Fault>> + Send>>;
+
+/// What sends a pool's queued releases, one `release.lua` run per batch. It deals with the call's
+/// outcome for every release it carries, since most were posted and nobody waits for them:
+/// freed capacity wakes the requests waiting for it; an unreachable Redis keeps each release for
+/// replay (quietly: it may have run) and degrades the store; a refused call is logged.
+fn release_sender(
+    inner: &Arc<Inner>,
+    pool: &str,
+    p: &Arc<PoolLocal>,
+) -> impl FnMut(Vec<Release>) -> ReleaseCall + Send + 'static {
+    let (inner, pool, p) = (inner.clone(), pool.to_string(), p.clone());
+    move |batch: Vec<Release>| {
+        let (inner, pool, p) = (inner.clone(), pool.clone(), p.clone());
+        Box::pin(async move {
+            match inner.release_remote(&p, &batch).await {
+                Ok(freed) => {
+                    if freed {
+                        p.wake();
+                    }
+                }
+                Err(Fault::Down(why)) => {
+                    {
+                        let mut backlog = locked(&inner.backlog);
+                        for r in &batch {
+                            backlog.push(Deferred::Release {
+                                pool: pool.clone(),
+                                release: Release::quiet(r.lease),
+                            });
+                        }
+                    }
+                    inner.degrade(&why);
+                }
+                Err(Fault::Broken(why)) => {
+                    tracing::warn!(
+                        pool = %pool, releases = batch.len(), error = %why,
+                        "redis refused a lease release"
+                    );
+                }
+            }
+            Ok(vec![(); batch.len()])
+        })
+    }
 }
 
 /// A poisoned lock only means a panic elsewhere mid-update; the data is still usable.
@@ -457,6 +506,7 @@ impl RedisStore {
             channels: watch::channel(BTreeSet::new()).0,
             subscribed: watch::channel(BTreeSet::new()).0,
             stop: stop.clone(),
+            calls: TaskTracker::new(),
         });
         tokio::spawn(events::run(inner.clone()));
         Ok(RedisStore {
@@ -468,6 +518,70 @@ impl RedisStore {
     /// The URL without its password.
     pub fn redacted_url(&self) -> &str {
         &self.inner.redacted
+    }
+
+    /// Waits (at most `limit`) until the releases posted so far have gone out: a gateway that
+    /// stops must not leave its leases to expire. True when nothing was left.
+    pub async fn settle(&self, limit: Duration) -> bool {
+        let calls = &self.inner.calls;
+        calls.close();
+        let settled = tokio::time::timeout(limit, calls.wait()).await.is_ok();
+        calls.reopen();
+        settled
+    }
+
+    /// [`Store::release`] without waiting: the release goes with the pool's next release call,
+    /// which handles what it meets itself (see [`release_sender`]). A release is on every
+    /// request's path, and a task per release only to wait for the call cost more than the
+    /// release's share of the call.
+    pub fn release_now(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<(), StoreError> {
+        if let Some((p, r)) = self.to_send(pool, upstream, lease, outcome, latency)? {
+            p.releases.post(r, || release_sender(&self.inner, pool, &p));
+        }
+        Ok(())
+    }
+
+    /// The release that must go to Redis, or `None` when it is done already: a lease of the local
+    /// view ends there, and while degraded the release waits in the backlog for replay.
+    fn to_send(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        lease: LeaseId,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Result<Option<(Arc<PoolLocal>, Release)>, StoreError> {
+        let inner = &self.inner;
+        let p = inner.pool(pool)?;
+        if lease.0 & FALLBACK_LEASE != 0 {
+            let local = LeaseId(lease.0 & !FALLBACK_LEASE);
+            let r = inner
+                .fallback
+                .release_now(pool, upstream, local, outcome, latency);
+            p.wake();
+            return r.map(|()| None);
+        }
+        let r = Release {
+            upstream: Some(upstream.clone()),
+            lease,
+            outcome: Some(outcome),
+            latency,
+        };
+        let deferred = || Deferred::Release {
+            pool: pool.to_string(),
+            release: r.clone(),
+        };
+        if inner.defer_if_degraded(deferred) {
+            return Ok(None);
+        }
+        Ok(Some((p, r)))
     }
 }
 
@@ -1145,8 +1259,12 @@ impl Store for RedisStore {
                         epoch: AtomicU64::new(0),
                         full: AtomicBool::new(false),
                         probe: tokio::sync::Mutex::new(None),
-                        acquires: Arc::new(Batcher::new(ACQUIRE_BATCH, ACQUIRE_CALLS)),
-                        releases: Arc::new(Batcher::new(RELEASE_BATCH, 1)),
+                        acquires: Arc::new(Batcher::new(
+                            ACQUIRE_BATCH,
+                            ACQUIRE_CALLS,
+                            inner.calls.clone(),
+                        )),
+                        releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, inner.calls.clone())),
                     });
                     pools.insert(spec.name.clone(), p.clone());
                     p
@@ -1234,65 +1352,21 @@ impl Store for RedisStore {
         latency: Duration,
     ) -> Result<(), StoreError> {
         let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        if lease.0 & FALLBACK_LEASE != 0 {
-            let r = inner
-                .fallback
-                .release(
-                    pool,
-                    upstream,
-                    LeaseId(lease.0 & !FALLBACK_LEASE),
-                    outcome,
-                    latency,
-                )
-                .await;
-            p.wake();
-            return r;
-        }
-        let r = Release {
-            upstream: Some(upstream.clone()),
-            lease,
-            outcome: Some(outcome),
-            latency,
-        };
-        let deferred = || Deferred::Release {
-            pool: pool.to_string(),
-            release: r.clone(),
-        };
-        if inner.defer_if_degraded(deferred) {
+        let Some((p, r)) = self.to_send(pool, upstream, lease, outcome, latency)? else {
             return Ok(());
+        };
+        if let Err(Fault::Down(why)) = p.releases.send(r, || release_sender(inner, pool, &p)).await
+        {
+            // The call carrying it was abandoned; it may have run all the same.
+            inner.defer_and_degrade(
+                Deferred::Release {
+                    pool: pool.to_string(),
+                    release: Release::quiet(lease),
+                },
+                &why,
+            );
         }
-        let sent = p.releases.send(r, || {
-            let (i, q) = (inner.clone(), p.clone());
-            move |batch: Vec<Release>| {
-                let (inner, p) = (i.clone(), q.clone());
-                async move {
-                    let freed = inner.release_remote(&p, &batch).await?;
-                    // One wake-up per call is enough.
-                    Ok((0..batch.len()).map(|i| i == 0 && freed).collect())
-                }
-            }
-        });
-        match sent.await {
-            Ok(freed) => {
-                if freed {
-                    p.wake();
-                }
-                Ok(())
-            }
-            Err(Fault::Down(why)) => {
-                // It may have run: replay it without counting the outcome a second time.
-                inner.defer_and_degrade(
-                    Deferred::Release {
-                        pool: pool.to_string(),
-                        release: Release::quiet(lease),
-                    },
-                    &why,
-                );
-                Ok(())
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        Ok(())
     }
 
     async fn extend(
