@@ -264,6 +264,12 @@ impl SessionError {
 /// wins over `-pool-`. A username lifetime applies to whichever session wins, and is an error when
 /// there is none.
 pub fn parse(headers: &HeaderMap) -> Result<SessionRequest, SessionError> {
+    // Most requests carry none of these: one pass over their few names costs less than the six
+    // hashed lookups below.
+    let read = |k: &HeaderName| *k == PROXY_AUTHORIZATION || SESSION_HEADERS.contains(&k.as_str());
+    if !headers.keys().any(read) {
+        return Ok(SessionRequest::default());
+    }
     let header_session = header_session(headers)?;
     let header_pool = header_pool(headers)?;
 
