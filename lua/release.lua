@@ -18,32 +18,39 @@
 --
 -- ARGV[1]  cap: live leases per upstream (0 = none)
 -- ARGV[2]  events channel
--- ARGV[3..] four values per lease:
---          lease id, upstream ("" when unknown: nothing is recorded), outcome key such as "ok" or
---          "connect_error" ("" records nothing), latency (microseconds)
+-- ARGV[3]  n, the number of leases
+-- ARGV[4..3+n]  the lease ids
+-- ARGV[4+n..]   pairs of a stats field and the amount to add to it: the caller sums its batch's
+--               outcomes per field, so this script builds no strings and adds to each field once
 --
 -- Returns  1 when capacity was freed for waiting requests, else 0
 
 local cap = tonumber(ARGV[1])
 local channel = ARGV[2]
-local n = (#ARGV - 2) / 4
+local n = tonumber(ARGV[3])
+local first_stat = n and 4 + n
+local stats = first_stat and #ARGV - first_stat + 1
 
 -- Validate everything before the first write: Redis does not roll back a half-run script.
-if #KEYS < 4 or not cap or not channel or n < 1 or n ~= math.floor(n) then
+if #KEYS < 4 or not cap or not channel or not n or n < 1 or n ~= math.floor(n)
+    or stats < 0 or stats % 2 ~= 0 then
   return redis.error_reply('ERR release: bad arguments')
 end
 local ids = {}
 local seen = {}
-for i = 1, n do
-  local b = i * 4 - 1
-  local lease = ARGV[b]
-  if not lease or lease == '' or not string.match(ARGV[b + 3], '^%d+$')
-      or #ARGV[b + 3] > 15 then
+for i = 4, 3 + n do
+  local lease = ARGV[i]
+  if lease == '' then
     return redis.error_reply('ERR release: bad arguments')
   end
   if not seen[lease] then
     seen[lease] = true
     ids[#ids + 1] = lease
+  end
+end
+for i = first_stat + 1, #ARGV, 2 do
+  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 15 then
+    return redis.error_reply('ERR release: bad arguments')
   end
 end
 
@@ -79,28 +86,9 @@ if #ended > 0 then
   end
 end
 
--- Statistics: one increment per field, whatever the number of leases behind it (sums are
--- formatted as integers: Redis would format a Lua number with printf("%.17g")).
-local sums = {}
-local fields = {}
-local function add(f, v)
-  if not sums[f] then
-    sums[f] = 0
-    fields[#fields + 1] = f
-  end
-  sums[f] = sums[f] + v
-end
-for i = 1, n do
-  local b = i * 4 - 1
-  local upstream, outcome = ARGV[b + 1], ARGV[b + 2]
-  if upstream ~= '' and outcome ~= '' then
-    add(upstream .. '\n' .. outcome, 1)
-    add(upstream .. '\nlatency_us', tonumber(ARGV[b + 3]))
-    add(upstream .. '\nlatency_n', 1)
-  end
-end
-for _, f in ipairs(fields) do
-  redis.call('HINCRBY', KEYS[4], f, string.format('%d', sums[f]))
+-- Statistics, summed per field by the caller.
+for i = first_stat, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[4], ARGV[i], ARGV[i + 1])
 end
 
 if freed then

@@ -335,6 +335,34 @@ struct Inner {
     calls: TaskTracker,
 }
 
+/// The statistics a batch of releases adds, summed per field of the pool's stats HASH (see
+/// `release.lua`): an outcome count, the latency sum (microseconds) and the latency count per
+/// upstream. A batch spans few upstreams, so a list searched in place beats a map.
+fn stats_sums(releases: &[Release]) -> Vec<(String, u64)> {
+    let mut sums: Vec<(String, u64)> = Vec::new();
+    let mut add = |up: &str, what: &str, amount: u64| {
+        let same = |f: &String| {
+            f.len() == up.len() + 1 + what.len()
+                && f.starts_with(up)
+                && f.as_bytes()[up.len()] == b'\n'
+                && f.ends_with(what)
+        };
+        match sums.iter_mut().find(|(f, _)| same(f)) {
+            Some((_, sum)) => *sum += amount,
+            None => sums.push((format!("{up}\n{what}"), amount)),
+        }
+    };
+    for r in releases {
+        if let (Some(up), Some(outcome)) = (&r.upstream, r.outcome) {
+            let up = up.as_str();
+            add(up, outcome.key(), 1);
+            add(up, "latency_us", r.latency.as_micros() as u64);
+            add(up, "latency_n", 1);
+        }
+    }
+    sums
+}
+
 type ReleaseCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<()>, Fault>> + Send>>;
 
 /// What sends a pool's queued releases, one `release.lua` run per batch. It deals with the call's
@@ -946,12 +974,13 @@ impl Inner {
             .key(&k.live)
             .key(&k.stats)
             .arg(cap)
-            .arg(&k.events);
+            .arg(&k.events)
+            .arg(releases.len());
         for r in releases {
-            inv.arg(r.lease.0)
-                .arg(r.upstream.as_ref().map_or("", |u| u.as_str()))
-                .arg(r.outcome.map_or("", |o| o.key()))
-                .arg(r.latency.as_micros() as u64);
+            inv.arg(r.lease.0);
+        }
+        for (field, amount) in stats_sums(releases) {
+            inv.arg(field).arg(amount);
         }
         let freed: i64 = self.eval(&inv, self.timeout).await?;
         Ok(freed == 1)
@@ -1737,5 +1766,48 @@ fn status_from(
     PoolStatus {
         sessions_live,
         members,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn release(up: Option<&str>, outcome: Option<Outcome>, latency_us: u64) -> Release {
+        Release {
+            upstream: up.map(UpstreamId::new),
+            lease: LeaseId(1),
+            outcome,
+            latency: Duration::from_micros(latency_us),
+        }
+    }
+
+    /// Every field a batch touches appears once, with the sum of what its releases add; quiet
+    /// releases add nothing, and upstreams whose ids share a prefix stay apart.
+    #[test]
+    fn stats_sums_add_each_field_once() {
+        let batch = [
+            release(Some("http://a:1"), Some(Outcome::Ok), 100),
+            release(Some("http://a:10"), Some(Outcome::Ok), 7),
+            release(Some("http://a:1"), Some(Outcome::Timeout), 2_000),
+            release(None, None, 0),
+            release(Some("http://a:1"), Some(Outcome::Ok), 50),
+        ];
+        let mut got = stats_sums(&batch);
+        got.sort();
+        let ok = Outcome::Ok.key();
+        let timeout = Outcome::Timeout.key();
+        let mut want = vec![
+            (format!("http://a:1\n{ok}"), 2),
+            (format!("http://a:1\n{timeout}"), 1),
+            ("http://a:1\nlatency_us".to_string(), 2_150),
+            ("http://a:1\nlatency_n".to_string(), 3),
+            (format!("http://a:10\n{ok}"), 1),
+            ("http://a:10\nlatency_us".to_string(), 7),
+            ("http://a:10\nlatency_n".to_string(), 1),
+        ];
+        want.sort();
+        assert_eq!(got, want);
+        assert!(stats_sums(&[release(None, None, 0)]).is_empty());
     }
 }
