@@ -494,11 +494,7 @@ impl Shared {
         let (mut parts, body) = resp.into_parts();
         let (outcome, sniffer) = self.gw.captcha.classify_head(parts.status, &parts.headers);
         headers::clean_response(&mut parts.headers);
-        headers::annotate_response(
-            &mut parts.headers,
-            self.upstream.id.as_str(),
-            self.session.as_deref(),
-        );
+        headers::annotate_response(&mut parts.headers, &self.upstream, self.session.as_deref());
         let exchange = Exchange::new(self.lease.clone(), latency);
         let body = Observed::new(body, exchange, outcome, sniffer).boxed();
         Ok(Response::from_parts(parts, body))

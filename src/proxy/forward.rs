@@ -148,7 +148,7 @@ pub async fn handle(
     let (outcome, sniffer) = gw.captcha.classify_head(parts.status, &parts.headers);
     headers::clean_response(&mut parts.headers);
     let session = route.session.as_ref().map(|s| s.key.as_str());
-    headers::annotate_response(&mut parts.headers, upstream.id.as_str(), session);
+    headers::annotate_response(&mut parts.headers, &upstream, session);
     // Only a connection whose response passed the checks goes back to the idle list, once that
     // response has been read to its end.
     let body = limits::Guarded::new(body, gw.conns.giveback(key, sender));

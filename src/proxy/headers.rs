@@ -7,6 +7,7 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::session::SESSION_HEADERS;
+use crate::upstream::Upstream;
 
 /// Always hop-by-hop, whatever `Connection` lists.
 static HOP_BY_HOP: [HeaderName; 8] = [
@@ -74,9 +75,9 @@ pub fn clean_response(headers: &mut HeaderMap) {
 }
 
 /// Adds `X-Pool-Upstream` and, for sessions, `X-Pool-Session`.
-pub fn annotate_response(headers: &mut HeaderMap, upstream: &str, session: Option<&str>) {
-    if let Ok(v) = HeaderValue::from_str(upstream) {
-        headers.insert(X_POOL_UPSTREAM.clone(), v);
+pub fn annotate_response(headers: &mut HeaderMap, upstream: &Upstream, session: Option<&str>) {
+    if let Some(v) = &upstream.id_header {
+        headers.insert(X_POOL_UPSTREAM.clone(), v.clone());
     }
     if let Some(v) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
         headers.insert(X_POOL_SESSION.clone(), v);

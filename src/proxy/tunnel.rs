@@ -60,7 +60,7 @@ pub async fn handle(
     *resp.status_mut() = StatusCode::OK;
     let session = route.session.as_ref().map(|s| s.key.as_str().to_string());
     if let Some(up) = lease.upstream() {
-        headers::annotate_response(resp.headers_mut(), up.id.as_str(), session.as_deref());
+        headers::annotate_response(resp.headers_mut(), up, session.as_deref());
     }
     let pool = &route.pool.config;
     let inspect = pool.inspect_tls

@@ -112,6 +112,9 @@ pub struct Upstream {
     /// Local address to bind outgoing connections to (`direct://<ip>` only).
     pub bind: Option<IpAddr>,
     pub credentials: Option<Credentials>,
+    /// The id as the `X-Pool-Upstream` value, made once: every response carries it. `None` for
+    /// an id that cannot be a header value (then no response names it).
+    pub id_header: Option<http::HeaderValue>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -166,6 +169,7 @@ impl Upstream {
                 (None, Some(ip)) => format!("direct://{ip}"),
             };
             return Ok(Upstream {
+                id_header: http::HeaderValue::from_str(&id).ok(),
                 id: UpstreamId::new(id),
                 scheme,
                 host: String::new(),
@@ -203,6 +207,7 @@ impl Upstream {
             None => format!("{}://{addr}", scheme.as_str()),
         };
         Ok(Upstream {
+            id_header: http::HeaderValue::from_str(&id).ok(),
             id: UpstreamId::new(id),
             scheme,
             host,
