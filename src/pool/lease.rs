@@ -166,7 +166,8 @@ impl Lease {
             outcome,
             latency.as_secs_f64(),
         );
-        // Health hears the outcome now; what it decides goes to the store after the release.
+        // Health hears the outcome now; what it decides goes to the store next, after the release
+        // (for Redis, after it is queued: the two touch different keys).
         let changes = if observed {
             Vec::new()
         } else {
