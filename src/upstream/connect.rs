@@ -489,16 +489,14 @@ async fn http_connect(
 ) -> Result<BoxIo, ConnectError> {
     let addr = upstream.addr.as_str();
     let authority = target.authority();
-    let mut request = String::with_capacity(64 + 2 * authority.len());
-    for part in [
+    let mut request = [
         "CONNECT ",
         &authority,
         " HTTP/1.1\r\nHost: ",
         &authority,
         "\r\n",
-    ] {
-        request.push_str(part);
-    }
+    ]
+    .concat();
     if let Some(credentials) = &upstream.credentials {
         request.push_str("Proxy-Authorization: ");
         request.push_str(&credentials.basic_header());

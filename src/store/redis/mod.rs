@@ -339,18 +339,10 @@ struct Inner {
 /// `release.lua`): an outcome count, the latency sum (microseconds) and the latency count per
 /// upstream. A batch spans few upstreams, so a list searched in place beats a map.
 fn stats_sums(releases: &[Release]) -> Vec<(String, u64)> {
-    let mut sums: Vec<(String, u64)> = Vec::new();
-    let mut add = |up: &str, what: &str, amount: u64| {
-        let same = |f: &String| {
-            f.len() == up.len() + 1 + what.len()
-                && f.starts_with(up)
-                && f.as_bytes()[up.len()] == b'\n'
-                && f.ends_with(what)
-        };
-        match sums.iter_mut().find(|(f, _)| same(f)) {
-            Some((_, sum)) => *sum += amount,
-            None => sums.push((format!("{up}\n{what}"), amount)),
-        }
+    let mut sums: Vec<(&str, &str, u64)> = Vec::new();
+    let mut add = |up, what, amount| match sums.iter_mut().find(|s| (s.0, s.1) == (up, what)) {
+        Some(s) => s.2 += amount,
+        None => sums.push((up, what, amount)),
     };
     for r in releases {
         if let (Some(up), Some(outcome)) = (&r.upstream, r.outcome) {
@@ -360,7 +352,9 @@ fn stats_sums(releases: &[Release]) -> Vec<(String, u64)> {
             add(up, "latency_n", 1);
         }
     }
-    sums
+    sums.into_iter()
+        .map(|(up, what, amount)| (format!("{up}\n{what}"), amount))
+        .collect()
 }
 
 type ReleaseCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<()>, Fault>> + Send>>;
@@ -385,16 +379,7 @@ fn release_sender(
                     }
                 }
                 Err(Fault::Down(why)) => {
-                    {
-                        let mut backlog = locked(&inner.backlog);
-                        for r in &batch {
-                            backlog.push(Deferred::Release {
-                                pool: pool.clone(),
-                                release: Release::quiet(r.lease),
-                            });
-                        }
-                    }
-                    inner.degrade(&why);
+                    inner.replay_quietly(&pool, batch.iter().map(|r| r.lease), &why);
                 }
                 Err(Fault::Broken(why)) => {
                     tracing::warn!(
@@ -762,6 +747,26 @@ impl Inner {
     /// Keeps a write Redis may have missed and goes degraded.
     fn defer_and_degrade(self: &Arc<Self>, d: Deferred, why: &str) {
         locked(&self.backlog).push(d);
+        self.degrade(why);
+    }
+
+    /// Keeps the release of each of `leases` for replay and goes degraded: for calls Redis may
+    /// or may not have run, so the replay records no outcome (it may be counted already).
+    fn replay_quietly(
+        self: &Arc<Self>,
+        pool: &str,
+        leases: impl IntoIterator<Item = LeaseId>,
+        why: &str,
+    ) {
+        {
+            let mut backlog = locked(&self.backlog);
+            for lease in leases {
+                backlog.push(Deferred::Release {
+                    pool: pool.to_string(),
+                    release: Release::quiet(lease),
+                });
+            }
+        }
         self.degrade(why);
     }
 
@@ -1185,13 +1190,7 @@ impl Inner {
                 Ok(reply) => reply,
                 Err(Fault::Down(why)) => {
                     // The acquire may still run once Redis gets to it: cancel its lease then.
-                    inner.defer_and_degrade(
-                        Deferred::Release {
-                            pool: pool.to_string(),
-                            release: Release::quiet(lease),
-                        },
-                        &why,
-                    );
+                    inner.replay_quietly(pool, [lease], &why);
                     return inner.fallback_acquire(pool, want).await;
                 }
                 Err(Fault::Broken(why)) => return Err(broken(why)),
@@ -1387,13 +1386,7 @@ impl Store for RedisStore {
         if let Err(Fault::Down(why)) = p.releases.send(r, || release_sender(inner, pool, &p)).await
         {
             // The call carrying it was abandoned; it may have run all the same.
-            inner.defer_and_degrade(
-                Deferred::Release {
-                    pool: pool.to_string(),
-                    release: Release::quiet(lease),
-                },
-                &why,
-            );
+            inner.replay_quietly(pool, [lease], &why);
         }
         Ok(())
     }
