@@ -3,9 +3,10 @@
 //!
 //! - [`ClientConns`] admits a new connection or refuses it cleanly; connections already open are
 //!   never touched by a refusal.
-//! - [`Activity`] and [`Tracked`] record when bytes last moved on a stream; [`idle`] resolves once
-//!   a stream has been idle (and, for keep-alive connections, without a request in flight) for the
-//!   timeout. Time is tokio's, so the logic is tested on a paused clock.
+//! - [`Activity`] and [`Tracked`] record when bytes last moved on a stream and when its last
+//!   request ended; [`idle`] resolves once a stream has been idle (and, for keep-alive
+//!   connections, without a request in flight) for the timeout, and [`expired`] adds the deadline
+//!   for a client's next request head. Time is tokio's, so the logic is tested on a paused clock.
 //! - [`LimitedBody`] streams a request body through and fails it once it passes the limit, without
 //!   buffering anything.
 
@@ -144,6 +145,9 @@ struct ActivityInner {
     last_ms: AtomicU64,
     /// Requests in flight on the connection (a keep-alive connection is idle only at zero).
     busy: AtomicUsize,
+    /// Milliseconds after `base` when the last request in flight ended (0: none has yet): the
+    /// client's next request head is due `header_read_timeout` after it.
+    free_ms: AtomicU64,
 }
 
 /// When bytes last moved on a stream, and whether a request is in flight on it.
@@ -162,18 +166,28 @@ impl Activity {
             base: Instant::now(),
             last_ms: AtomicU64::new(0),
             busy: AtomicUsize::new(0),
+            free_ms: AtomicU64::new(0),
         }))
     }
 
+    fn now_ms(&self) -> u64 {
+        self.0.base.elapsed().as_millis() as u64
+    }
+
     pub fn touch(&self) {
-        let ms = self.0.base.elapsed().as_millis() as u64;
-        self.0.last_ms.fetch_max(ms, Ordering::Relaxed);
+        self.0.last_ms.fetch_max(self.now_ms(), Ordering::Relaxed);
     }
 
     /// Time since bytes last moved.
     pub fn idle_for(&self) -> Duration {
         let last = Duration::from_millis(self.0.last_ms.load(Ordering::Relaxed));
         self.0.base.elapsed().saturating_sub(last)
+    }
+
+    /// Time since the last request in flight ended (or since the stream was opened).
+    fn free_for(&self) -> Duration {
+        let free = Duration::from_millis(self.0.free_ms.load(Ordering::SeqCst));
+        self.0.base.elapsed().saturating_sub(free)
     }
 
     /// Marks a request in flight until the guard is dropped.
@@ -192,8 +206,13 @@ pub struct BusyGuard(Activity);
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        self.0.touch();
-        self.0.0.busy.fetch_sub(1, Ordering::SeqCst);
+        let inner = &self.0.0;
+        let ms = self.0.now_ms();
+        inner.last_ms.fetch_max(ms, Ordering::Relaxed);
+        // Stored before the count drops, so whoever sees no request in flight sees when the last
+        // one ended.
+        inner.free_ms.store(ms, Ordering::SeqCst);
+        inner.busy.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -210,6 +229,47 @@ pub async fn idle(activity: &Activity, timeout: Duration) {
             timeout
         } else {
             timeout - idle_for
+        };
+        tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+    }
+}
+
+/// Why a keep-alive client connection is to be closed (see [`expired`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// No bytes moved for the idle timeout, with no request in flight.
+    Idle,
+    /// No request head completed within the head timeout after the last request ended.
+    Head,
+}
+
+/// Resolves when a client connection is to be closed: [`Expiry::Head`] once no request has been
+/// in flight for `head` (the client had that long to complete its next request head, however
+/// slowly its bytes trickle in), [`Expiry::Idle`] once no bytes have moved for `idle` with no
+/// request in flight (`None`: not checked, as while the connection is closing anyway).
+///
+/// The head deadline runs from the end of the last request, as hyper's own header-read timer
+/// does, but costs one timer per connection and period instead of one armed and cleared for
+/// every request head: requests only store a timestamp, and the timer re-arms lazily.
+pub async fn expired(activity: &Activity, idle: Option<Duration>, head: Duration) -> Expiry {
+    loop {
+        let wait = if activity.is_busy() {
+            idle.map_or(head, |idle| idle.min(head))
+        } else {
+            let head_left = head.saturating_sub(activity.free_for());
+            if head_left.is_zero() {
+                return Expiry::Head;
+            }
+            match idle {
+                Some(idle) => {
+                    let idle_left = idle.saturating_sub(activity.idle_for());
+                    if idle_left.is_zero() {
+                        return Expiry::Idle;
+                    }
+                    head_left.min(idle_left)
+                }
+                None => head_left,
+            }
         };
         tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
     }
@@ -633,6 +693,51 @@ mod tests {
         let t = Instant::now();
         idle(&activity, timeout).await;
         assert_eq!(t.elapsed(), timeout);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_head_deadline_runs_from_the_last_request_whatever_bytes_trickle_in() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let activity = Activity::new();
+        let mut tracked = Tracked::new(server, activity.clone());
+        let (head, idle) = (Duration::from_secs(10), Some(Duration::from_secs(60)));
+        let start = Instant::now();
+
+        // A byte a second keeps the connection from being idle, not from missing its deadline.
+        let trickle = async {
+            let mut buf = [0u8; 1];
+            for _ in 0..30 {
+                client.write_all(b"x").await.unwrap();
+                tracked.read_exact(&mut buf).await.unwrap();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        };
+        tokio::select! {
+            why = expired(&activity, idle, head) => assert_eq!(why, Expiry::Head),
+            _ = trickle => panic!("a head trickling in for 30 s was never cut off"),
+        }
+        assert_eq!(start.elapsed(), head);
+
+        // A request in flight has no head deadline; the next one runs from its end.
+        let busy = activity.busy();
+        tokio::select! {
+            _ = expired(&activity, idle, head) => panic!("expired with a request in flight"),
+            _ = tokio::time::sleep(Duration::from_secs(45)) => {}
+        }
+        drop(busy);
+        let t = Instant::now();
+        assert_eq!(expired(&activity, idle, head).await, Expiry::Head);
+        assert_eq!(t.elapsed(), head);
+
+        // An idle timeout shorter than the head deadline closes first, and only when asked for.
+        let busy = activity.busy();
+        drop(busy);
+        let t = Instant::now();
+        let short = Some(Duration::from_secs(3));
+        assert_eq!(expired(&activity, short, head).await, Expiry::Idle);
+        assert_eq!(t.elapsed(), Duration::from_secs(3));
+        assert_eq!(expired(&activity, None, head).await, Expiry::Head);
+        assert_eq!(t.elapsed(), head);
     }
 
     #[tokio::test]

@@ -27,10 +27,10 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::limits::{self, Activity, ClientConns, ConnSlot, Guarded, Tracked};
+use crate::limits::{self, Activity, ClientConns, ConnSlot, Expiry, Guarded, Tracked};
 use crate::proxy::Body;
 use crate::state::Gateway;
 
@@ -165,8 +165,10 @@ async fn serve_connection<S, F>(
     let result = {
         let mut conn = Box::pin(
             http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(server.header_read_timeout)
+                // The head deadline is `limits::expired`'s, kept per connection below: hyper's
+                // own timer is armed and cleared for every request head, a few percent of the
+                // gateway's CPU per request.
+                .header_read_timeout(None)
                 // Header lines per request head stay at hyper's default of 100 (Apache's
                 // LimitRequestFields): `max_headers` is not called, because any other limit makes
                 // hyper allocate and fill two header tables for every request head it parses.
@@ -177,20 +179,28 @@ async fn serve_connection<S, F>(
                 .serve_connection(TokioIo::new(Tracked::new(stream, activity.clone())), svc)
                 .with_upgrades(),
         );
-        let idle_timeout = server.idle_timeout;
+        let (idle_timeout, head_timeout) = (server.idle_timeout, server.header_read_timeout);
         let mut closing = false;
         loop {
+            let idle = (!closing).then_some(idle_timeout);
             tokio::select! {
                 r = conn.as_mut() => break r,
                 _ = gw.shutdown.cancelled(), if !closing => {
                     closing = true;
                     conn.as_mut().graceful_shutdown();
                 }
-                _ = limits::idle(&activity, idle_timeout), if !closing => {
-                    tracing::debug!(peer = %peer, "closing idle client connection");
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
-                }
+                why = limits::expired(&activity, idle, head_timeout) => match why {
+                    Expiry::Idle => {
+                        tracing::debug!(peer = %peer, "closing idle client connection");
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    // Cut off: a client that sends its head byte by byte holds nothing longer.
+                    Expiry::Head => {
+                        tracing::debug!(peer = %peer, "no request head within header_read_timeout");
+                        break Ok(());
+                    }
+                },
             }
         }
     };
