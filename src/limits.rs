@@ -190,6 +190,16 @@ impl Activity {
         self.0.base.elapsed().saturating_sub(free)
     }
 
+    /// How long until `timeout` has passed since a moment `elapsed` ago (zero once it has), for
+    /// deadlines that only run with no request in flight: all of `timeout` while one is.
+    fn left(&self, timeout: Duration, elapsed: Duration) -> Duration {
+        if self.is_busy() {
+            timeout
+        } else {
+            timeout.saturating_sub(elapsed)
+        }
+    }
+
     /// Marks a request in flight until the guard is dropped.
     pub fn busy(&self) -> BusyGuard {
         self.0.busy.fetch_add(1, Ordering::SeqCst);
@@ -221,16 +231,11 @@ impl Drop for BusyGuard {
 /// per `timeout`, not a poll loop.
 pub async fn idle(activity: &Activity, timeout: Duration) {
     loop {
-        let idle_for = activity.idle_for();
-        if idle_for >= timeout && !activity.is_busy() {
+        let left = activity.left(timeout, activity.idle_for());
+        if left.is_zero() {
             return;
         }
-        let wait = if activity.is_busy() {
-            timeout
-        } else {
-            timeout - idle_for
-        };
-        tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+        tokio::time::sleep(left.max(Duration::from_millis(1))).await;
     }
 }
 
@@ -253,24 +258,17 @@ pub enum Expiry {
 /// every request head: requests only store a timestamp, and the timer re-arms lazily.
 pub async fn expired(activity: &Activity, idle: Option<Duration>, head: Duration) -> Expiry {
     loop {
-        let wait = if activity.is_busy() {
-            idle.map_or(head, |idle| idle.min(head))
-        } else {
-            let head_left = head.saturating_sub(activity.free_for());
-            if head_left.is_zero() {
-                return Expiry::Head;
+        let mut wait = activity.left(head, activity.free_for());
+        if wait.is_zero() {
+            return Expiry::Head;
+        }
+        if let Some(idle) = idle {
+            let idle_left = activity.left(idle, activity.idle_for());
+            if idle_left.is_zero() {
+                return Expiry::Idle;
             }
-            match idle {
-                Some(idle) => {
-                    let idle_left = idle.saturating_sub(activity.idle_for());
-                    if idle_left.is_zero() {
-                        return Expiry::Idle;
-                    }
-                    head_left.min(idle_left)
-                }
-                None => head_left,
-            }
-        };
+            wait = wait.min(idle_left);
+        }
         tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
     }
 }
