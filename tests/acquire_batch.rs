@@ -303,3 +303,28 @@ async fn a_pool_larger_than_one_chunk_is_decided_acquire_by_acquire() {
     let leases: Vec<&str> = leases.iter().map(String::as_str).collect();
     same_as_single_runs(&members, &[], &leases, 0, "least-used").await;
 }
+
+#[tokio::test]
+async fn a_large_pool_under_a_cap_is_decided_past_the_members_read_first() {
+    // 70 members with a cap of 1: the batch outgrows the lowest 65 read at its start, walks the
+    // rest of the ZSET, and then every member is at its cap.
+    let ids: Vec<String> = (0..70).map(|i| format!("u{i:02}")).collect();
+    let members: Vec<Member> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            m(
+                Box::leak(id.clone().into_boxed_str()),
+                1 + (i % 2) as u32,
+                (i % 5) as u64,
+                u32::from(i % 7 == 0),
+            )
+        })
+        .collect();
+    let leases: Vec<String> = (1..=75).map(|i| format!("l{i}")).collect();
+    let leases: Vec<&str> = leases.iter().map(String::as_str).collect();
+    let replies = same_as_single_runs(&members, &[], &leases, 1, "least-used").await;
+    let granted = replies.iter().filter(|r| r.contains("granted")).count();
+    assert_eq!(granted, 70 - 10, "{replies:?}");
+    assert!(replies[74].contains("cap"), "{}", replies[74]);
+}
