@@ -84,10 +84,10 @@ impl Targets {
         members: usize,
         now: Instant,
     ) -> Option<TargetChange> {
-        if !self.by_target.contains_key(target) && self.by_target.len() >= cfg.max_targets {
-            self.evict_oldest();
-        }
         if !self.by_target.contains_key(target) {
+            if self.by_target.len() >= cfg.max_targets {
+                self.evict_oldest();
+            }
             self.by_target.insert(
                 target.to_string(),
                 TargetStats {
