@@ -11,19 +11,19 @@ install_packages() {
   DEBIAN_FRONTEND=noninteractive timeout 600 $sudo apt-get install -y -qq "$@" >/dev/null
 }
 
-# build_release: builds the poolgate binary and the bench_fixture example (release) and sets
-# `poolgate` (POOLGATE_BIN when given) and `fixture`.
+# build_release: builds the poolgate binary (release) and the bench_fixture example (the
+# `fixture` profile, see Cargo.toml) and sets `poolgate` (POOLGATE_BIN when given) and `fixture`.
 #
 # Two invocations on purpose: building the example pulls in the dev-dependencies, and cargo
 # unifies their features (tokio "full" and "test-util") into everything built in the same
 # invocation. The binary measured must be the one users run.
 build_release() {
   local target_dir=${CARGO_TARGET_DIR:-$root/target}
-  log "building poolgate and bench_fixture (release)"
+  log "building poolgate (release) and bench_fixture (fixture profile)"
   timeout 1800 cargo build --release --quiet --bin poolgate
-  timeout 1800 cargo build --release --quiet --example bench_fixture
+  timeout 1800 cargo build --profile fixture --quiet --example bench_fixture
   poolgate=${POOLGATE_BIN:-$target_dir/release/poolgate}
-  fixture=$target_dir/release/examples/bench_fixture
+  fixture=$target_dir/fixture/examples/bench_fixture
 }
 
 # stop_all PID...: TERM to each, up to 5 s for each to go, then KILL.
