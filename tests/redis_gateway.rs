@@ -302,7 +302,10 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
     assert!(idle.is_empty(), "B polled: {idle:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let b_cmds = monitor.commands_from(&b_addrs);
-    assert_eq!(b_cmds.len(), 80, "2 per request: {b_cmds:?}");
+    // At most 2 per request: a release posted while the previous one is still being sent goes
+    // with the next call.
+    assert!((41..=80).contains(&b_cmds.len()), "{b_cmds:?}");
+    assert!(b_cmds.iter().all(|c| c == "EVALSHA"), "{b_cmds:?}");
     let a_status = status(&a).await;
     let victim_state = a_status["pools"][0]["upstreams"]
         .as_array()
@@ -599,12 +602,22 @@ async fn redis_stopped_for_10s_under_load_degrades_without_hanging_and_recovers(
         outage_slowest <= 250 + normal_ms + 250,
         "a request waited {outage_slowest}ms (timeout 250ms, normal {normal_ms}ms)"
     );
-    // Leases granted by Redis before the outage and released during it were replayed.
-    assert_eq!(
-        redis.cli(&["ZCARD", "pg:{default}:leases"]).trim(),
-        "0",
-        "no lease leaked"
-    );
+    // Leases granted by Redis before the outage and released during it were replayed. Releases
+    // leave the response path and the replay runs beside the traffic, so the last ones may still
+    // be on their way: a leaked lease would stay for the lease TTL (10 minutes), far past this
+    // wait.
+    let mut leases = String::new();
+    for _ in 0..50 {
+        leases = redis
+            .cli(&["ZCARD", "pg:{default}:leases"])
+            .trim()
+            .to_string();
+        if leases == "0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(leases, "0", "no lease leaked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
