@@ -423,9 +423,11 @@ impl PoolHealth {
         let mut e = self.lock();
         let e = &mut *e;
         let cfg = e.cfg.clone();
-        if !e.upstreams.contains_key(upstream) {
+        // The upstream's entry is taken out for the whole exchange and put back once: two lookups
+        // instead of five. The pool guard, which the state machine may ask, skips it anyway.
+        let Some((id, mut t)) = e.upstreams.remove_entry(upstream) else {
             return Vec::new();
-        }
+        };
 
         let about_target = outcome != Outcome::ConnectError;
         let members = e.members.len();
@@ -442,17 +444,15 @@ impl PoolHealth {
             }
             None => {}
         }
-        if let Some(t) = e.upstreams.get_mut(upstream) {
-            if t.raw.len() == RAW_WINDOW {
-                t.raw.pop_front();
-            }
-            t.raw.push_back(sample != Sample::Success);
-            t.last_active = Some(now);
-            if sample == Sample::Success {
-                let ms = latency.as_secs_f64() * 1000.0;
-                t.latency_ewma_ms = Some(t.latency_ewma_ms.map_or(ms, |old| old * 0.8 + ms * 0.2));
-                t.latency.record(ms);
-            }
+        if t.raw.len() == RAW_WINDOW {
+            t.raw.pop_front();
+        }
+        t.raw.push_back(sample != Sample::Success);
+        t.last_active = Some(now);
+        if sample == Sample::Success {
+            let ms = latency.as_secs_f64() * 1000.0;
+            t.latency_ewma_ms = Some(t.latency_ewma_ms.map_or(ms, |old| old * 0.8 + ms * 0.2));
+            t.latency.record(ms);
         }
 
         // Blame: a target incident or a global incident is nobody's fault.
@@ -463,14 +463,15 @@ impl PoolHealth {
         let mut changes = Vec::new();
         if blamed {
             let jitter = rand::random::<f64>() * 2.0 - 1.0;
-            let transition = Self::feed(e, upstream, sample, &cfg, now, jitter);
-            if let Some(t) = &transition {
-                self.log(upstream, t);
+            let transition = t
+                .machine
+                .observe(sample, &cfg, now, jitter, || Self::guard(e, upstream));
+            if let Some(tr) = &transition {
+                self.log(upstream, tr);
             }
-            if let Some(c) = self.change_for(e, upstream, transition) {
-                changes.push(c);
-            }
+            changes.extend(Self::change_of(upstream, &mut t, transition));
         }
+        e.upstreams.insert(id, t);
         if e.strategy == Strategy::Weighted {
             changes.extend(self.reweigh(e, upstream));
         }
@@ -591,6 +592,15 @@ impl PoolHealth {
         transition: Option<Transition>,
     ) -> Option<Change> {
         let t = e.upstreams.get_mut(upstream)?;
+        Self::change_of(upstream, t, transition)
+    }
+
+    /// What the allocator must change after `transition` (if any) of `upstream`, tracked as `t`.
+    fn change_of(
+        upstream: &UpstreamId,
+        t: &mut Tracked,
+        transition: Option<Transition>,
+    ) -> Option<Change> {
         let member = t.member_state();
         if member == t.applied && transition.is_none() {
             return None;
