@@ -37,6 +37,21 @@ fn m(id: &'static str, cost: u32, score: u64, live: u32) -> Member {
     }
 }
 
+/// `n` members `u00`, `u01`, …; `of(i)` gives the i-th one's cost, score and live leases.
+fn numbered(n: usize, of: impl Fn(usize) -> (u32, u64, u32)) -> Vec<Member> {
+    (0..n)
+        .map(|i| {
+            let (cost, score, live) = of(i);
+            m(
+                Box::leak(format!("u{i:02}").into_boxed_str()),
+                cost,
+                score,
+                live,
+            )
+        })
+        .collect()
+}
+
 fn keys(tag: &str) -> Vec<String> {
     [
         "meta", "state", "members", "order", "leases", "lease_up", "live", "sessions",
@@ -293,12 +308,7 @@ async fn ineligible_members_and_an_empty_pool() {
 
 #[tokio::test]
 async fn a_pool_larger_than_one_chunk_is_decided_acquire_by_acquire() {
-    let ids: Vec<String> = (0..70).map(|i| format!("u{i:02}")).collect();
-    let members: Vec<Member> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| m(Box::leak(id.clone().into_boxed_str()), 1, (i % 3) as u64, 0))
-        .collect();
+    let members = numbered(70, |i| (1, (i % 3) as u64, 0));
     let leases: Vec<String> = (1..=30).map(|i| format!("l{i}")).collect();
     let leases: Vec<&str> = leases.iter().map(String::as_str).collect();
     same_as_single_runs(&members, &[], &leases, 0, "least-used").await;
@@ -308,19 +318,9 @@ async fn a_pool_larger_than_one_chunk_is_decided_acquire_by_acquire() {
 async fn a_large_pool_under_a_cap_is_decided_past_the_members_read_first() {
     // 70 members with a cap of 1: the batch outgrows the lowest 65 read at its start, walks the
     // rest of the ZSET, and then every member is at its cap.
-    let ids: Vec<String> = (0..70).map(|i| format!("u{i:02}")).collect();
-    let members: Vec<Member> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| {
-            m(
-                Box::leak(id.clone().into_boxed_str()),
-                1 + (i % 2) as u32,
-                (i % 5) as u64,
-                u32::from(i % 7 == 0),
-            )
-        })
-        .collect();
+    let members = numbered(70, |i| {
+        (1 + (i % 2) as u32, (i % 5) as u64, u32::from(i % 7 == 0))
+    });
     let leases: Vec<String> = (1..=75).map(|i| format!("l{i}")).collect();
     let leases: Vec<&str> = leases.iter().map(String::as_str).collect();
     let replies = same_as_single_runs(&members, &[], &leases, 1, "least-used").await;

@@ -606,18 +606,14 @@ async fn redis_stopped_for_10s_under_load_degrades_without_hanging_and_recovers(
     // leave the response path and the replay runs beside the traffic, so the last ones may still
     // be on their way: a leaked lease would stay for the lease TTL (10 minutes), far past this
     // wait.
-    let mut leases = String::new();
-    for _ in 0..50 {
-        leases = redis
+    let leases = || {
+        redis
             .cli(&["ZCARD", "pg:{default}:leases"])
             .trim()
-            .to_string();
-        if leases == "0" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(leases, "0", "no lease leaked");
+            .to_string()
+    };
+    common::wait_until_async(|| async { leases() == "0" }, Duration::from_secs(5)).await;
+    assert_eq!(leases(), "0", "no lease leaked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
