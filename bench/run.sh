@@ -38,7 +38,8 @@ usage() {
 
 Options:
   --quick        3 s HTTP load, 3 s CONNECT load, 2 s bulk (default 10 s, 5 s, 5 s)
-  --runs N       repeat every measurement N times (interleaved) and report medians (default 1)
+  --runs N       repeat every measurement N times and report medians; ratios are taken within
+                 each run, whose columns are measured one measure at a time (default 1)
   --tunnels N    idle tunnels to hold (default 10000)
   --only LIST    comma-separated columns to run: direct,squid,memory,redis (default all;
                  direct is always run, every ratio needs it)
@@ -390,8 +391,8 @@ measure_redis_sent() {
   fi
 }
 
-measure_load() { # HTTP, CONNECT and bulk on one running proxy
-  local column=$1 line before after out
+measure_http() { # HTTP load, its latency and the proxy's peak RSS
+  local column=$1 line before after
   wrk_run "$warm_s" >/dev/null || true
   [ "$column" != redis ] || before=$(redis_calls)
   if line=$(wrk_run "$http_s"); then
@@ -412,18 +413,23 @@ measure_load() { # HTTP, CONNECT and bulk on one running proxy
     note "$column" "wrk failed or timed out"
   fi
   record "$column" peak_rss_mib "$(awk -v k="$(kib "$proxy_pid" VmHWM)" 'BEGIN { printf "%.1f", k / 1024 }')"
+}
 
+measure_connect() { # CONNECT setups: new connection + CONNECT + one request + close
+  local column=$1 out errors
   if out=$(timeout $((connect_s + 30)) "$fixture" connect-load --proxy "$proxy_addr" --target "$origin" \
     --concurrency "$connect_concurrency" --duration "${connect_s}s"); then
     record "$column" connect_per_s "$(json_field setups_per_s "$out")"
     record "$column" connect_p99_ms "$(json_field p99_ms "$out")"
-    local errors
     errors=$(json_field errors "$out")
     [ "${errors:-0}" = 0 ] || note "$column" "run $run: $errors CONNECT setups failed, first: $(json_field first_error "$out")"
   else
     note "$column" "run $run: connect-load failed or timed out"
   fi
+}
 
+measure_bulk() { # MB/s through one tunnel
+  local column=$1 out
   if out=$(timeout $((bulk_s + 30)) "$fixture" bulk --proxy "$proxy_addr" --target "$tunnel_src" \
     --duration "${bulk_s}s"); then
     record "$column" tunnel_mb_s "$(json_field mb_per_s "$out")"
@@ -458,15 +464,41 @@ measure_idle() { # RSS per idle tunnel on a freshly started proxy
   fi
 }
 
+# Each run starts every column's proxy, then takes one measure at a time across all of them, so
+# a column and the ceiling it is divided by are measured seconds apart, not minutes: the machine's
+# speed drifts within a run. The column order turns by one every run, so no column always goes
+# first. Ratios are taken within a run and the report gives their median over the runs.
+columns=()
+for column in direct squid memory redis; do
+  case ",$only," in *",$column,"*) columns+=("$column") ;; esac
+done
+declare -A pid_of addr_of admin_of
+use() { proxy_pid=${pid_of[$1]} proxy_addr=${addr_of[$1]} proxy_admin=${admin_of[$1]:-}; }
+# A column that was skipped once (the Redis store not built yet) is not retried.
+skipped() { grep -q "^note	$1	skipped" "$raw"; }
+
 for run in $(seq "$runs"); do
-  for column in direct squid memory redis; do
-    case ",$only," in *",$column,"*) ;; *) continue ;; esac
-    # A column that was skipped once (the Redis store not built yet) is not retried.
-    if grep -q "^note	$column	skipped" "$raw"; then continue; fi
-    log "run $run/$runs: $column"
+  turn=$(((run - 1) % ${#columns[@]}))
+  order=("${columns[@]:turn}" "${columns[@]:0:turn}")
+  live=()
+  for column in "${order[@]}"; do
+    skipped "$column" && continue
+    log "run $run/$runs: starting $column"
+    proxy_admin=""
     start_proxy "$column" || continue
-    measure_load "$column"
-    stop "$proxy_pid"
+    pid_of[$column]=$proxy_pid addr_of[$column]=$proxy_addr admin_of[$column]=$proxy_admin
+    live+=("$column")
+  done
+  for measure in http connect bulk; do
+    for column in "${live[@]}"; do
+      log "run $run/$runs: $measure, $column"
+      use "$column"
+      "measure_$measure" "$column"
+    done
+  done
+  for column in "${live[@]}"; do stop "${pid_of[$column]}"; done
+  for column in "${live[@]}"; do
+    log "run $run/$runs: idle tunnels, $column"
     start_proxy "$column" || continue
     measure_idle "$column"
     stop "$proxy_pid"

@@ -785,6 +785,16 @@ fn median(values: &mut [f64]) -> Option<f64> {
     })
 }
 
+/// The median over the runs of `value / base` taken within each run that has both. The machine's
+/// speed drifts between runs, so a ratio of two medians can pair a fast run with a slow one.
+fn paired_ratio(value: &BTreeMap<String, f64>, base: &BTreeMap<String, f64>) -> Option<f64> {
+    let mut ratios: Vec<f64> = value
+        .iter()
+        .filter_map(|(run, v)| base.get(run).filter(|b| **b != 0.0).map(|b| v / b))
+        .collect();
+    median(&mut ratios)
+}
+
 fn fmt_value(v: f64) -> String {
     let a = v.abs();
     if a >= 100.0 || v.fract() == 0.0 {
@@ -842,33 +852,31 @@ fn report(
     criterion: Option<&std::path::Path>,
 ) -> Result<(), BoxError> {
     let text = std::fs::read_to_string(raw)?;
-    let mut runs: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+    // (column, measure) → run → value: ratios pair a column with the baseline of the same run.
+    let mut runs: BTreeMap<(String, String), BTreeMap<String, f64>> = BTreeMap::new();
     let mut notes: Vec<(String, String)> = Vec::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.splitn(4, '\t').collect();
         match fields.as_slice() {
             ["note", target, text] => notes.push(((*target).into(), (*text).into())),
-            [_run, target, measure, value] => {
+            [run, target, measure, value] => {
                 if let Ok(v) = value.trim().parse::<f64>() {
                     if v.is_finite() {
                         runs.entry(((*target).into(), (*measure).into()))
                             .or_default()
-                            .push(v);
+                            .insert((*run).into(), v);
                     }
                 }
             }
             _ => {}
         }
     }
-    let medians: BTreeMap<(String, String), f64> = runs
-        .iter()
-        .filter_map(|(k, v)| median(&mut v.clone()).map(|m| (k.clone(), m)))
-        .collect();
-    let get = |t: &str, m: &str| medians.get(&(t.to_string(), m.to_string())).copied();
-    let ratio = |t: &str, m: &str| match (get(t, m), get("direct", m)) {
-        (Some(v), Some(d)) if d != 0.0 => Some(v / d),
-        _ => None,
+    let series = |t: &str, m: &str| runs.get(&(t.to_string(), m.to_string()));
+    let get = |t: &str, m: &str| {
+        series(t, m).and_then(|v| median(&mut v.values().copied().collect::<Vec<_>>()))
     };
+    let ratio_to = |t: &str, base: &str, m: &str| paired_ratio(series(t, m)?, series(base, m)?);
+    let ratio = |t: &str, m: &str| ratio_to(t, "direct", m);
 
     let mut table = String::new();
     let label_w = 36;
@@ -906,10 +914,7 @@ fn report(
         let value = get(t, m);
         let (figure, met) = match against {
             Some(a) => {
-                let r = match (value, get(a, m)) {
-                    (Some(v), Some(b)) if b != 0.0 => Some(v / b),
-                    _ => None,
-                };
+                let r = ratio_to(t, a, m);
                 let met = r.map(|r| if higher { r >= bound } else { r <= bound });
                 (r.map(|r| format!("{r:.2}× {a}")), met)
             }
@@ -955,7 +960,7 @@ fn report(
                     key.into(),
                     json!({
                         "median": v,
-                        "runs": runs.get(&(t.to_string(), key.to_string())),
+                        "runs": series(t, key).map(|v| v.values().collect::<Vec<_>>()),
                         "ratio_to_direct": ratio(t, key),
                         "unit": unit,
                         "higher_is_better": higher,
