@@ -179,6 +179,11 @@ wait_line() {
 free_ports() { timeout 10 "$fixture" free-ports --count "$1"; }
 json_field() { sed -nE "s/.*\"$1\":(\"[^\"]*\"|[^,}]*).*/\1/p" <<<"$2" | tr -d '"'; }
 kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status" 2>/dev/null || true; }
+# CPU a process has used (user + system), in clock ticks.
+clk_tck=$(getconf CLK_TCK)
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# per_unit_us TICKS UNITS: microseconds of CPU per unit.
+per_unit_us() { awk -v t="$1" -v n="$2" -v hz="$clk_tck" 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n }'; }
 
 # Time budget for everything after the build: a watchdog ends the script past it.
 per_target=$((warm_s + http_s + connect_s + bulk_s + 120))
@@ -392,10 +397,14 @@ measure_redis_sent() {
 }
 
 measure_http() { # HTTP load, its latency and the proxy's peak RSS
-  local column=$1 line before after
+  local column=$1 line before after cpu0 redis_cpu0=0
   wrk_run "$warm_s" >/dev/null || true
   [ "$column" != redis ] || before=$(redis_calls)
+  cpu0=$(ticks "$proxy_pid")
+  [ "$column" != redis ] || redis_cpu0=$(ticks "$redis_pid")
   if line=$(wrk_run "$http_s"); then
+    local cpu=$(($(ticks "$proxy_pid") - cpu0)) redis_cpu=0
+    [ "$column" != redis ] || redis_cpu=$(($(ticks "$redis_pid") - redis_cpu0))
     v() { sed -nE "s/.* $1=([0-9]+).*/\1/p" <<<"$line"; }
     local requests duration_us
     requests=$(v requests)
@@ -404,7 +413,9 @@ measure_http() { # HTTP load, its latency and the proxy's peak RSS
     record "$column" http_p50_ms "$(awk -v u="$(v p50_us)" 'BEGIN { printf "%.3f", u / 1000 }')"
     record "$column" http_p99_ms "$(awk -v u="$(v p99_us)" 'BEGIN { printf "%.3f", u / 1000 }')"
     record "$column" http_errors $(($(v connect_errors) + $(v read_errors) + $(v write_errors) + $(v timeouts) + $(v non2xx)))
+    record "$column" http_cpu_us "$(per_unit_us "$cpu" "$requests")"
     if [ "$column" = redis ]; then
+      record "$column" http_redis_cpu_us "$(per_unit_us "$redis_cpu" "$requests")"
       after=$(redis_calls)
       record "$column" redis_calls_per_req "$(awk -v a="$after" -v b="$before" -v r="$requests" 'BEGIN { if (r > 0) printf "%.2f", (a - b) / r }')"
       measure_redis_sent
@@ -416,10 +427,12 @@ measure_http() { # HTTP load, its latency and the proxy's peak RSS
 }
 
 measure_connect() { # CONNECT setups: new connection + CONNECT + one request + close
-  local column=$1 out errors
+  local column=$1 out errors cpu0
+  cpu0=$(ticks "$proxy_pid")
   if out=$(timeout $((connect_s + 30)) "$fixture" connect-load --proxy "$proxy_addr" --target "$origin" \
     --concurrency "$connect_concurrency" --duration "${connect_s}s"); then
     record "$column" connect_per_s "$(json_field setups_per_s "$out")"
+    record "$column" connect_cpu_us "$(per_unit_us $(($(ticks "$proxy_pid") - cpu0)) "$(json_field setups "$out")")"
     record "$column" connect_p99_ms "$(json_field p99_ms "$out")"
     errors=$(json_field errors "$out")
     [ "${errors:-0}" = 0 ] || note "$column" "run $run: $errors CONNECT setups failed, first: $(json_field first_error "$out")"

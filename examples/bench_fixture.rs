@@ -672,13 +672,25 @@ const TARGETS: [(&str, &str); 4] = [
 ];
 
 /// The rows: (key, label, unit, higher is better).
-const MEASURES: [(&str, &str, &str, bool); 11] = [
+///
+/// The CPU rows are the proxy process's own CPU (user + system) per request or setup: a cost that
+/// moves far less with the machine's load than a rate does, and that, against `direct` (the bare
+/// fake proxy), says what the proxy adds. The Redis store's server is its own row.
+const MEASURES: [(&str, &str, &str, bool); 14] = [
     ("http_rps", "HTTP", "req/s", true),
     ("http_p50_ms", "HTTP p50", "ms", false),
     ("http_p99_ms", "HTTP p99", "ms", false),
     ("http_errors", "HTTP errors + non-2xx", "", false),
+    ("http_cpu_us", "proxy CPU per HTTP request", "µs", false),
+    (
+        "http_redis_cpu_us",
+        "redis-server CPU per request",
+        "µs",
+        false,
+    ),
     ("connect_per_s", "CONNECT setups", "/s", true),
     ("connect_p99_ms", "CONNECT setup p99", "ms", false),
+    ("connect_cpu_us", "proxy CPU per CONNECT setup", "µs", false),
     ("tunnel_mb_s", "tunnel bulk", "MB/s", true),
     ("peak_rss_mib", "peak RSS under HTTP load", "MiB", false),
     ("idle_kib_per_tunnel", "RSS per idle tunnel", "KiB", false),
