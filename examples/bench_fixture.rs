@@ -998,3 +998,52 @@ fn report(
     std::fs::write(out, serde_json::to_string_pretty(&doc)? + "\n")?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(values: &[(&str, f64)]) -> BTreeMap<String, f64> {
+        values.iter().map(|(r, v)| (r.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn a_ratio_pairs_each_run_with_the_baseline_of_that_run() {
+        // Run 2's machine was twice as slow for both columns: its ratio is still 0.5, while the
+        // ratio of the medians (20 / 50) would be 0.4.
+        let base = runs(&[("1", 100.0), ("2", 50.0), ("3", 40.0)]);
+        let value = runs(&[("1", 50.0), ("2", 25.0), ("3", 16.0)]);
+        assert_eq!(paired_ratio(&value, &base), Some(0.5));
+    }
+
+    #[test]
+    fn a_run_missing_either_side_or_with_a_zero_baseline_is_left_out() {
+        let base = runs(&[("1", 10.0), ("2", 0.0), ("3", 10.0)]);
+        let value = runs(&[("1", 6.0), ("2", 5.0), ("4", 9.0)]);
+        assert_eq!(paired_ratio(&value, &base), Some(0.6));
+        assert_eq!(paired_ratio(&runs(&[("2", 1.0)]), &base), None);
+    }
+
+    #[test]
+    fn the_report_divides_within_runs() {
+        let dir = std::env::temp_dir().join(format!("bench-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let raw = dir.join("raw.tsv");
+        std::fs::write(
+            &raw,
+            "1\tdirect\thttp_rps\t100\n1\tmemory\thttp_rps\t70\n\
+             2\tdirect\thttp_rps\t40\n2\tmemory\thttp_rps\t24\n\
+             3\tdirect\thttp_rps\t90\n3\tmemory\thttp_rps\t45\n",
+        )
+        .unwrap();
+        let out = dir.join("out.json");
+        report(&raw, &out, &[], None).unwrap();
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let memory = &doc["results"]["poolgate-memory"]["http_rps"];
+        assert_eq!(memory["median"], json!(45.0));
+        // Per run 0.7, 0.6 and 0.5: the median is 0.6 (the medians' ratio would be 45 / 90).
+        let ratio = memory["ratio_to_direct"].as_f64().unwrap();
+        assert!((ratio - 0.6).abs() < 1e-9, "{ratio}");
+    }
+}
