@@ -200,6 +200,13 @@ impl Activity {
         }
     }
 
+    /// How long until the stream has seen no bytes for `timeout` with no request in flight (zero
+    /// once it has): the earliest moment an idle check can close it, so an active stream costs a
+    /// timer per `timeout`, not a poll loop.
+    pub fn idle_left(&self, timeout: Duration) -> Duration {
+        self.left(timeout, self.idle_for())
+    }
+
     /// Marks a request in flight until the guard is dropped.
     pub fn busy(&self) -> BusyGuard {
         self.0.busy.fetch_add(1, Ordering::SeqCst);
@@ -223,19 +230,6 @@ impl Drop for BusyGuard {
         // one ended.
         inner.free_ms.store(ms, Ordering::SeqCst);
         inner.busy.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Resolves once `activity` has seen no bytes for `timeout` while no request was in flight.
-/// Sleeps until the earliest moment that could be true, so an active stream costs one timer
-/// per `timeout`, not a poll loop.
-pub async fn idle(activity: &Activity, timeout: Duration) {
-    loop {
-        let left = activity.left(timeout, activity.idle_for());
-        if left.is_zero() {
-            return;
-        }
-        tokio::time::sleep(left.max(Duration::from_millis(1))).await;
     }
 }
 
@@ -659,38 +653,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn idle_resolves_after_quiet_time_but_not_while_busy_or_active() {
+    async fn idle_time_left_restarts_with_bytes_and_stands_still_while_busy() {
         let (client, server) = tokio::io::duplex(1024);
         let activity = Activity::new();
         let mut tracked = Tracked::new(server, activity.clone());
         let mut client = client;
         let timeout = Duration::from_secs(10);
-        let start = Instant::now();
 
-        // Bytes every 6 s keep it alive for 30 s.
-        let chatter = async {
-            let mut buf = [0u8; 1];
-            for _ in 0..5 {
-                tokio::time::sleep(Duration::from_secs(6)).await;
-                client.write_all(b"x").await.unwrap();
-                tracked.read_exact(&mut buf).await.unwrap();
-            }
-        };
-        tokio::select! {
-            _ = idle(&activity, timeout) => panic!("idle while bytes were moving"),
-            _ = chatter => {}
+        // Bytes every 6 s: never idle, and each restarts the full timeout.
+        let mut buf = [0u8; 1];
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            assert_eq!(activity.idle_left(timeout), Duration::from_secs(4));
+            client.write_all(b"x").await.unwrap();
+            tracked.read_exact(&mut buf).await.unwrap();
+            assert_eq!(activity.idle_left(timeout), timeout);
         }
-        assert_eq!(start.elapsed(), Duration::from_secs(30));
         // A request in flight keeps it from being idle even without bytes.
         let busy = activity.busy();
-        tokio::select! {
-            _ = idle(&activity, timeout) => panic!("idle while busy"),
-            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
-        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(activity.idle_left(timeout), timeout);
         drop(busy);
-        let t = Instant::now();
-        idle(&activity, timeout).await;
-        assert_eq!(t.elapsed(), timeout);
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        assert_eq!(activity.idle_left(timeout), Duration::from_secs(3));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(activity.idle_left(timeout), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

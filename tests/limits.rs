@@ -376,6 +376,67 @@ async fn idle_tunnels_are_closed() {
     );
 }
 
+/// A tunnel open past `lease_ttl` keeps its upstream's capacity: its lease is renewed while it
+/// lives, so with a cap of one a second tunnel waits until the first closes, however long that is.
+/// (A lease left to expire would let the second through after `lease_ttl`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tunnel_keeps_its_lease_past_the_lease_ttl() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        for _ in 0..4 {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start_with(
+        "",
+        &format!(
+            "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+             [pools.default]\nupstreams = [\"{}\"]\n\
+             max_concurrency = 1\nlease_ttl = \"1s\"\nqueue_timeout = \"10s\"\n",
+            echo.port(),
+            upstream.url()
+        ),
+    )
+    .await;
+    let open = |proxy: SocketAddr| async move {
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        s.write_all(format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        s
+    };
+    let mut first = open(gw.proxy).await;
+    let second = tokio::spawn(open(gw.proxy));
+    // 2.4 s, more than twice the lease TTL, with bytes moving through the first tunnel.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        first.write_all(b"ping").await.unwrap();
+        let mut back = [0u8; 4];
+        first.read_exact(&mut back).await.unwrap();
+        assert!(
+            !second.is_finished(),
+            "a second tunnel got the capped upstream"
+        );
+    }
+    drop(first);
+    let second = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second tunnel never got the upstream after the first closed")
+        .unwrap();
+    drop(second);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_request_heads_get_431() {
     let upstream = FakeProxy::start(FakeProxyOpts::default()).await;

@@ -21,11 +21,12 @@ use hyper::body::Incoming;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::error::ProxyError;
 use crate::health::Outcome;
 use crate::intercept::{self, relay::Opening};
-use crate::limits::{self, Activity, Tracked};
+use crate::limits::{Activity, Tracked};
 use crate::pool::Lease;
 use crate::proxy::pipe::{self, End, Side};
 use crate::proxy::{self, Body, headers};
@@ -140,14 +141,27 @@ pub async fn relay(gw: &Gateway, client: impl Io, upstream: BoxIo, lease: Lease)
     let no_reply_within = Some(gw.config.server.connect_timeout);
     let copy = pipe::copy(client, upstream, activity.clone(), no_reply_within);
     tokio::pin!(copy);
-    let mut renew = tokio::time::interval(renew_every);
-    renew.tick().await;
+    // One timer serves both the idle check and the lease's renewal, set for whichever is due
+    // first: a tunnel is mostly short, and a timer costs as much to arm and drop as the rest of
+    // its bookkeeping.
+    let mut renew_at = Instant::now() + renew_every;
+    let wake = tokio::time::sleep_until(renew_at.min(Instant::now() + idle_timeout));
+    tokio::pin!(wake);
     let report = loop {
         tokio::select! {
-            _ = limits::idle(&activity, idle_timeout) => {
-                tracing::debug!("closing idle tunnel");
-                lease.finish(Outcome::Ok);
-                return;
+            _ = &mut wake => {
+                let idle_left = activity.idle_left(idle_timeout);
+                if idle_left.is_zero() {
+                    tracing::debug!("closing idle tunnel");
+                    lease.finish(Outcome::Ok);
+                    return;
+                }
+                if Instant::now() >= renew_at {
+                    lease.extend().await;
+                    renew_at = Instant::now() + renew_every;
+                }
+                let idle_at = Instant::now() + idle_left.max(Duration::from_millis(1));
+                wake.as_mut().reset(renew_at.min(idle_at));
             }
             _ = gw.tunnels_stop.cancelled() => {
                 tracing::debug!("closing tunnel: shutdown grace expired");
@@ -155,7 +169,6 @@ pub async fn relay(gw: &Gateway, client: impl Io, upstream: BoxIo, lease: Lease)
                 return;
             }
             r = &mut copy => break r,
-            _ = renew.tick() => lease.extend().await,
         }
     };
     let outcome = judge(&report);
