@@ -24,6 +24,26 @@ async fn gateway(server_extra: &str, upstream: &FakeProxy) -> TestGateway {
     .await
 }
 
+/// A gateway whose one pool tunnels to `echo` (a loopback port, allowed for CONNECT) through
+/// `upstream`, with `server_extra` in `[server]` and `pool_extra` in the pool's table.
+async fn tunnel_gateway(
+    server_extra: &str,
+    pool_extra: &str,
+    echo: SocketAddr,
+    upstream: &FakeProxy,
+) -> TestGateway {
+    TestGateway::start_with(
+        server_extra,
+        &format!(
+            "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+             [pools.default]\nupstreams = [\"{}\"]\n{pool_extra}\n",
+            echo.port(),
+            upstream.url()
+        ),
+    )
+    .await
+}
+
 /// Reads until EOF, an error, or `limit` passed; returns the bytes and whether the peer closed.
 async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
@@ -321,30 +341,9 @@ async fn bodies_past_the_limit_get_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_tunnels_are_closed() {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let echo = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        for _ in 0..4 {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
+    let echo = common::echo_server().await;
     let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
-    let gw = TestGateway::start_with(
-        "tunnel_idle_timeout = \"1s\"",
-        &format!(
-            "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
-             [pools.default]\nupstreams = [\"{}\"]\n",
-            echo.port(),
-            upstream.url()
-        ),
-    )
-    .await;
+    let gw = tunnel_gateway("tunnel_idle_timeout = \"1s\"", "", echo, &upstream).await;
     let mut s = TcpStream::connect(gw.proxy).await.unwrap();
     s.write_all(format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n").as_bytes())
         .await
@@ -381,39 +380,13 @@ async fn idle_tunnels_are_closed() {
 /// (A lease left to expire would let the second through after `lease_ttl`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_tunnel_keeps_its_lease_past_the_lease_ttl() {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let echo = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        for _ in 0..4 {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
+    let echo = common::echo_server().await;
     let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
-    let gw = TestGateway::start_with(
-        "",
-        &format!(
-            "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
-             [pools.default]\nupstreams = [\"{}\"]\n\
-             max_concurrency = 1\nlease_ttl = \"1s\"\nqueue_timeout = \"10s\"\n",
-            echo.port(),
-            upstream.url()
-        ),
-    )
-    .await;
+    let pool = "max_concurrency = 1\nlease_ttl = \"1s\"\nqueue_timeout = \"10s\"";
+    let gw = tunnel_gateway("", pool, echo, &upstream).await;
     let open = |proxy: SocketAddr| async move {
-        let mut s = TcpStream::connect(proxy).await.unwrap();
-        s.write_all(format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut buf = [0u8; 1024];
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        let (s, head) = common::connect_tunnel(proxy, echo, "").await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
         s
     };
     let mut first = open(gw.proxy).await;
