@@ -144,8 +144,9 @@ pub async fn relay(gw: &Gateway, client: impl Io, upstream: BoxIo, lease: Lease)
     // One timer serves both the idle check and the lease's renewal, set for whichever is due
     // first: a tunnel is mostly short, and a timer costs as much to arm and drop as the rest of
     // its bookkeeping.
-    let mut renew_at = Instant::now() + renew_every;
-    let wake = tokio::time::sleep_until(renew_at.min(Instant::now() + idle_timeout));
+    let start = Instant::now();
+    let mut renew_at = start + renew_every;
+    let wake = tokio::time::sleep_until(renew_at.min(start + idle_timeout));
     tokio::pin!(wake);
     let report = loop {
         tokio::select! {
@@ -156,12 +157,12 @@ pub async fn relay(gw: &Gateway, client: impl Io, upstream: BoxIo, lease: Lease)
                     lease.finish(Outcome::Ok);
                     return;
                 }
-                if Instant::now() >= renew_at {
+                let now = Instant::now();
+                if now >= renew_at {
                     lease.extend().await;
-                    renew_at = Instant::now() + renew_every;
+                    renew_at = now + renew_every;
                 }
-                let idle_at = Instant::now() + idle_left.max(Duration::from_millis(1));
-                wake.as_mut().reset(renew_at.min(idle_at));
+                wake.as_mut().reset(renew_at.min(now + idle_left.max(Duration::from_millis(1))));
             }
             _ = gw.tunnels_stop.cancelled() => {
                 tracing::debug!("closing tunnel: shutdown grace expired");
