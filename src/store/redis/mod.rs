@@ -40,7 +40,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisError, ScriptInvocation};
+use redis::{FromRedisValue, RedisError};
 use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
@@ -55,7 +55,7 @@ use crate::health::Outcome;
 use crate::upstream::UpstreamId;
 use batch::Batcher;
 use keys::{PoolKeys, lock_key};
-use scripts::AcquireReply;
+use scripts::{AcquireReply, Call};
 
 /// Default bound on one Redis call (`[store] timeout`).
 pub const DEFAULT_TIMEOUT_MS: u64 = 250;
@@ -690,14 +690,10 @@ impl Inner {
     }
 
     /// Runs a script (EVALSHA, reloading it after NOSCRIPT), bounded by `limit`.
-    async fn eval<T: FromRedisValue>(
-        &self,
-        inv: &ScriptInvocation<'_>,
-        limit: Duration,
-    ) -> Result<T, Fault> {
+    async fn eval<T: FromRedisValue>(&self, inv: &Call, limit: Duration) -> Result<T, Fault> {
         let call = async {
             let mut conn = self.conn().await?;
-            inv.invoke_async(&mut conn).await.map_err(Fault::from_redis)
+            inv.invoke(&mut conn).await.map_err(Fault::from_redis)
         };
         match tokio::time::timeout(limit, call).await {
             Ok(r) => r,
@@ -920,7 +916,7 @@ impl Inner {
     async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
         let spec = p.spec.load();
         let k = &p.keys;
-        let mut inv = scripts::CONFIGURE.prepare_invoke();
+        let mut inv = Call::new(&scripts::CONFIGURE, 4);
         inv.key(&k.meta).key(&k.state).key(&k.members).key(&k.order);
         for id in &spec.members {
             inv.arg(id.as_str());
@@ -963,7 +959,7 @@ impl Inner {
         state: MemberState,
     ) -> Result<i64, Fault> {
         let k = &p.keys;
-        let mut inv = scripts::SET_MEMBER.prepare_invoke();
+        let mut inv = Call::new(&scripts::SET_MEMBER, 3);
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
@@ -980,7 +976,7 @@ impl Inner {
     async fn release_remote(&self, p: &PoolLocal, releases: &[Release]) -> Result<bool, Fault> {
         let k = &p.keys;
         let cap = p.spec.load().max_concurrency.unwrap_or(0);
-        let mut inv = scripts::RELEASE.prepare_invoke();
+        let mut inv = Call::new(&scripts::RELEASE, 4);
         inv.key(&k.leases)
             .key(&k.lease_up)
             .key(&k.live)
@@ -1005,8 +1001,8 @@ impl Inner {
         upstream: &UpstreamId,
     ) -> Result<(), Fault> {
         let k = &p.keys;
-        let mut inv = scripts::UNBIND.prepare_invoke();
-        inv.key(k.session(key))
+        let mut inv = Call::new(&scripts::UNBIND, 2);
+        inv.key(&k.session(key))
             .key(&k.sessions)
             .arg(upstream.as_str())
             .arg(key);
@@ -1021,7 +1017,7 @@ impl Inner {
         outcome: Outcome,
         latency: Duration,
     ) -> Result<(), Fault> {
-        let mut inv = scripts::RECORD.prepare_invoke();
+        let mut inv = Call::new(&scripts::RECORD, 1);
         inv.key(&p.keys.stats)
             .arg(upstream.as_str())
             .arg(outcome.key())
@@ -1044,8 +1040,8 @@ impl Inner {
 
     async fn end_session_remote(&self, p: &PoolLocal, key: &str) -> Result<bool, Fault> {
         let k = &p.keys;
-        let mut inv = scripts::END_SESSION.prepare_invoke();
-        inv.key(k.session(key))
+        let mut inv = Call::new(&scripts::END_SESSION, 2);
+        inv.key(&k.session(key))
             .key(&k.sessions)
             .arg(key)
             .arg(now_ms());
@@ -1082,11 +1078,12 @@ impl Inner {
         });
     }
 
-    /// `acquire.lua` with the keys and leading arguments all its modes share; `lease` is ARGV[2].
-    fn acquire_call(&self, p: &PoolLocal, lease: &str) -> ScriptInvocation<'static> {
+    /// `acquire.lua` with the keys and leading arguments all its modes share; `lease` is ARGV[2]
+    /// and `session` the session mode's ninth key.
+    fn acquire_call(&self, p: &PoolLocal, lease: &str, session: Option<&str>) -> Call {
         let spec = p.spec.load();
         let k = &p.keys;
-        let mut inv = scripts::ACQUIRE.prepare_invoke();
+        let mut inv = Call::new(&scripts::ACQUIRE, 8 + usize::from(session.is_some()));
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
@@ -1095,6 +1092,9 @@ impl Inner {
             .key(&k.lease_up)
             .key(&k.live)
             .key(&k.sessions);
+        if let Some(key) = session {
+            inv.key(&k.session(key));
+        }
         let now = now_ms();
         inv.arg(now)
             .arg(lease)
@@ -1112,7 +1112,11 @@ impl Inner {
         lease: LeaseId,
         want: Want<'_>,
     ) -> Result<AcquireReply, Fault> {
-        let mut inv = self.acquire_call(p, &lease.0.to_string());
+        let session = match want {
+            Want::Session { key, .. } => Some(key),
+            Want::Any { .. } => None,
+        };
+        let mut inv = self.acquire_call(p, &lease.0.to_string(), session);
         match want {
             Want::Any { exclude } => {
                 inv.arg("any");
@@ -1126,8 +1130,7 @@ impl Inner {
                 preferred,
                 rebind,
             } => {
-                inv.key(p.keys.session(key))
-                    .arg("session")
+                inv.arg("session")
                     .arg(millis(ttl))
                     .arg(u8::from(rebind))
                     .arg(key);
@@ -1146,7 +1149,7 @@ impl Inner {
         p: &PoolLocal,
         leases: &[LeaseId],
     ) -> Result<Vec<AcquireReply>, Fault> {
-        let mut inv = self.acquire_call(p, "-");
+        let mut inv = self.acquire_call(p, "-", None);
         inv.arg("many");
         for l in leases {
             inv.arg(l.0);
@@ -1573,7 +1576,7 @@ impl Store for RedisStore {
             return inner.fallback.status(pool).await;
         }
         let k = &p.keys;
-        let mut inv = scripts::STATUS.prepare_invoke();
+        let mut inv = Call::new(&scripts::STATUS, 6);
         inv.key(&k.state)
             .key(&k.members)
             .key(&k.leases)
@@ -1606,8 +1609,8 @@ impl Store for RedisStore {
 
     async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<LockToken>, StoreError> {
         let token = LockToken::random();
-        let mut inv = scripts::LOCK_ACQUIRE.prepare_invoke();
-        inv.key(lock_key(&self.inner.prefix, name))
+        let mut inv = Call::new(&scripts::LOCK_ACQUIRE, 1);
+        inv.key(&lock_key(&self.inner.prefix, name))
             .arg(token.as_str())
             .arg(millis(ttl));
         Ok(self.lock_call(&inv).await?.then_some(token))
@@ -1619,16 +1622,16 @@ impl Store for RedisStore {
         token: &LockToken,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let mut inv = scripts::LOCK_EXTEND.prepare_invoke();
-        inv.key(lock_key(&self.inner.prefix, name))
+        let mut inv = Call::new(&scripts::LOCK_EXTEND, 1);
+        inv.key(&lock_key(&self.inner.prefix, name))
             .arg(token.as_str())
             .arg(millis(ttl));
         self.lock_call(&inv).await
     }
 
     async fn unlock(&self, name: &str, token: &LockToken) -> Result<bool, StoreError> {
-        let mut inv = scripts::LOCK_RELEASE.prepare_invoke();
-        inv.key(lock_key(&self.inner.prefix, name))
+        let mut inv = Call::new(&scripts::LOCK_RELEASE, 1);
+        inv.key(&lock_key(&self.inner.prefix, name))
             .arg(token.as_str());
         self.lock_call(&inv).await
     }
@@ -1636,7 +1639,7 @@ impl Store for RedisStore {
     async fn put_listed(&self, pool: &str, list: &str) -> Result<(), StoreError> {
         let inner = &self.inner;
         let p = inner.pool(pool)?;
-        let mut inv = scripts::LISTED_PUT.prepare_invoke();
+        let mut inv = Call::new(&scripts::LISTED_PUT, 1);
         inv.key(&p.keys.listed)
             .arg(list)
             .arg(&p.keys.events)
@@ -1679,7 +1682,7 @@ impl Store for RedisStore {
 impl RedisStore {
     /// Runs a lock script. Locks are never served from the local view: exclusion across
     /// instances cannot be promised without Redis, so a degraded store answers an error.
-    async fn lock_call(&self, inv: &ScriptInvocation<'_>) -> Result<bool, StoreError> {
+    async fn lock_call(&self, inv: &Call) -> Result<bool, StoreError> {
         let inner = &self.inner;
         if inner.is_degraded() {
             return Err(StoreError::Unavailable(

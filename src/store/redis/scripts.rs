@@ -1,12 +1,13 @@
-//! The Lua scripts of `lua/`, one per atomic decision, and their replies.
+//! The Lua scripts of `lua/`, one per atomic decision, how a call of one is written, and their
+//! replies.
 //!
-//! Each is run with `invoke_async`: EVALSHA, and after a `NOSCRIPT` (Redis restarted, or
-//! `SCRIPT FLUSH`) a `SCRIPT LOAD` and the EVALSHA again, transparently. On a cluster the load goes
-//! to every node.
+//! Each is run by a [`Call`]: EVALSHA, and after a `NOSCRIPT` (Redis restarted, or `SCRIPT FLUSH`)
+//! a `SCRIPT LOAD` and the EVALSHA again, transparently. On a cluster the load goes to every node.
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 macro_rules! script {
     ($name:ident, $file:literal) => {
@@ -27,6 +28,60 @@ script!(LOCK_ACQUIRE, "lock_acquire.lua");
 script!(LOCK_EXTEND, "lock_extend.lua");
 script!(LOCK_RELEASE, "lock_release.lua");
 script!(LISTED_PUT, "listed_put.lua");
+
+/// One EVALSHA of a script, written straight into the command it sends.
+///
+/// `redis::ScriptInvocation` keeps every key and argument in its own `Vec` and copies them all
+/// into a command at each call: a release batch is some seventy arguments, so that was an
+/// allocation, a copy and a free per argument on every request's share of the batch. A `Cmd`
+/// keeps its arguments in one buffer. EVALSHA wants the key count before the keys, so a call is
+/// made with it, and keys come before arguments.
+pub(super) struct Call {
+    script: &'static Script,
+    cmd: Cmd,
+    keys_left: usize,
+}
+
+impl Call {
+    pub fn new(script: &'static Script, keys: usize) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys);
+        Call {
+            script,
+            cmd,
+            keys_left: keys,
+        }
+    }
+
+    /// Adds `KEYS[i]`; every key comes before the first argument.
+    pub fn key(&mut self, key: &str) -> &mut Self {
+        debug_assert!(self.keys_left > 0, "more keys than announced");
+        self.keys_left = self.keys_left.saturating_sub(1);
+        self.cmd.arg(key);
+        self
+    }
+
+    /// Adds `ARGV[i]`.
+    pub fn arg(&mut self, arg: impl redis::ToSingleRedisArg) -> &mut Self {
+        debug_assert_eq!(self.keys_left, 0, "an argument before the last key");
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Runs the script, loading it first when Redis does not know it.
+    pub async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            r => r,
+        }
+    }
+}
 
 /// What `acquire.lua` answered.
 #[derive(Debug, PartialEq, Eq)]
