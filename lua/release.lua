@@ -1,8 +1,8 @@
--- release.lua: ends one or more leases of a pool and records their exchanges' outcomes.
+-- release.lua: ends leases of a pool and adds exchange statistics, in one atomic step.
 --
 -- A gateway sends every release of a pool that queued while its previous call was under way in one
 -- run (group commit), so the per-call cost is paid once per batch: the live counts drop once per
--- upstream and each statistics field is incremented once.
+-- upstream. Statistics come summed per field over about a second, with whichever call goes next.
 --
 -- Releasing a lease that is already gone (it expired and was purged, or this is a replay after an
 -- outage) frees nothing twice: the live count only drops for a lease still listed, and a lease id
@@ -18,10 +18,11 @@
 --
 -- ARGV[1]  cap: live leases per upstream (0 = none)
 -- ARGV[2]  events channel
--- ARGV[3]  n, the number of leases
+-- ARGV[3]  n, the number of leases (0: statistics only)
 -- ARGV[4..3+n]  the lease ids
--- ARGV[4+n..]   pairs of a stats field and the amount to add to it: the caller sums its batch's
---               outcomes per field, so this script builds no strings and adds to each field once
+-- ARGV[4+n..]   pairs of a stats field and the amount to add to it: the caller sums outcomes per
+--               field over a second or so and sends them with whichever call goes next, so this
+--               script builds no strings and adds to each field once
 --
 -- Returns  1 when capacity was freed for waiting requests, else 0
 
@@ -32,7 +33,7 @@ local first_stat = n and 4 + n
 local stats = first_stat and #ARGV - first_stat + 1
 
 -- Validate everything before the first write: Redis does not roll back a half-run script.
-if #KEYS < 4 or not cap or not channel or not n or n < 1 or n ~= math.floor(n)
+if #KEYS < 4 or not cap or not channel or not n or n < 0 or n ~= math.floor(n)
     or stats < 0 or stats % 2 ~= 0 then
   return redis.error_reply('ERR release: bad arguments')
 end
@@ -55,7 +56,7 @@ for i = first_stat + 1, #ARGV, 2 do
 end
 
 -- Live counts drop for the leases still listed, once per upstream.
-local ups = redis.call('HMGET', KEYS[2], unpack(ids))
+local ups = #ids > 0 and redis.call('HMGET', KEYS[2], unpack(ids)) or {}
 local ended = {}
 local drops = {}
 local order = {}

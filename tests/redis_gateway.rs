@@ -391,14 +391,44 @@ async fn a_killed_instance_returns_its_capacity_within_lease_ttl() {
 /// A gateway stopped (SIGTERM) under load leaves no lease behind in Redis: the releases of the
 /// requests it finishes while draining go out before it exits, though nobody waits for them on
 /// the response path.
+/// The exchanges the pool's stats HASH in Redis counts (the sum of its `latency_n` fields; the
+/// fields hold a newline, so the sum is taken in Redis).
+fn counted_in_redis(redis: &RedisServer) -> u64 {
+    const SUM: &str = "local t = redis.call('HGETALL', KEYS[1]) local n = 0 \
+        for i = 1, #t, 2 do \
+          if string.sub(t[i], -10) == '\\nlatency_n' then n = n + tonumber(t[i + 1]) end \
+        end return n";
+    let out = redis.cli(&["EVAL", SUM, "1", "pg:{default}:stats"]);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a count: {out:?}"))
+}
+
+/// Statistics go to Redis about once a second, not with every release: they still get there
+/// when the load stops and the gateway stays up, and all of them before a stopped gateway exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_stopped_under_load_leaves_no_lease_in_redis() {
+async fn a_gateway_stopped_under_load_leaves_no_lease_in_redis_and_every_statistic() {
     common::init_tracing();
     let redis = RedisServer::start().await;
     let origin = Origin::start(OriginBehaviour::echo()).await;
     let ups = upstreams(4).await;
     let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
     let mut gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+
+    // An idle pool's figures are sent by the periodic flush.
+    let client = client_via(&gw);
+    for _ in 0..20 {
+        assert_eq!(get(&client, &origin.url("/"), None).await.0, 200);
+    }
+    let flushed = common::wait_until_async(
+        || async { counted_in_redis(&redis) == 20 },
+        Duration::from_secs(5),
+    );
+    assert!(
+        flushed.await,
+        "20 exchanges counted in redis within 5 s of the last one"
+    );
+
     let load = Load::start(&client_via(&gw), &origin.url("/"), 32);
     assert!(
         common::wait_until(
@@ -413,7 +443,7 @@ async fn a_gateway_stopped_under_load_leaves_no_lease_in_redis() {
         .await
         .expect("exits within 20 s")
         .unwrap();
-    let (done, _, _) = load.finish().await;
+    let (done, failed, _) = load.finish().await;
     assert!(exit.success(), "clean exit: {exit:?}");
     let leases = redis.cli(&["ZCARD", "pg:{default}:leases"]);
     let listed = redis.cli(&["HLEN", "pg:{default}:lease_up"]);
@@ -424,6 +454,14 @@ async fn a_gateway_stopped_under_load_leaves_no_lease_in_redis() {
     assert_eq!(leases.trim(), "0", "no lease left");
     assert_eq!(listed.trim(), "0", "no lease listed");
     assert_eq!(live.trim(), "", "no live count left");
+    // Every exchange that got its answer was counted before the exit; those the stop cut may be
+    // counted (as cancelled) or may never have reached the gateway.
+    let counted = counted_in_redis(&redis);
+    let answered = 20 + (done - failed) as u64;
+    assert!(
+        (answered..=20 + done as u64).contains(&counted),
+        "redis counts {counted} exchanges; {answered} were answered, {done} tried under load"
+    );
 }
 
 /// Plain requests in a loop until `stop`; counts requests and failures, keeps the slowest.

@@ -28,6 +28,7 @@ mod batch;
 mod events;
 mod keys;
 mod scripts;
+mod stats;
 
 pub use keys::{DEFAULT_KEY_PREFIX, Target, parse_target, redact};
 
@@ -270,6 +271,8 @@ struct PoolLocal {
     /// Plain acquires and releases waiting for the call that will carry them.
     acquires: Arc<Batcher<LeaseId, AcquireReply>>,
     releases: Arc<Batcher<Release, ()>>,
+    /// Exchange statistics waiting for a call (see `stats.rs`).
+    stats: Mutex<stats::Pending>,
 }
 
 /// One lease to end, and what its exchange recorded.
@@ -335,35 +338,6 @@ struct Inner {
     calls: TaskTracker,
 }
 
-/// The statistics a batch of releases adds, summed per field of the pool's stats HASH (see
-/// `release.lua`): an outcome count, the latency sum (microseconds) and the latency count per
-/// upstream. A batch spans few upstreams, so a list searched in place beats a map.
-fn stats_sums(releases: &[Release]) -> Vec<(String, u64)> {
-    let mut sums: Vec<(&str, &str, u64)> = Vec::new();
-    let mut add = |up, what, amount| match sums.iter_mut().find(|s| (s.0, s.1) == (up, what)) {
-        Some(s) => s.2 += amount,
-        None => sums.push((up, what, amount)),
-    };
-    for r in releases {
-        if let (Some(up), Some(outcome)) = (&r.upstream, r.outcome) {
-            let up = up.as_str();
-            add(up, outcome.key(), 1);
-            add(up, "latency_us", r.latency.as_micros() as u64);
-            add(up, "latency_n", 1);
-        }
-    }
-    sums.into_iter()
-        .map(|(up, what, amount)| {
-            // Not format!: its machinery was most of this function's cost, per field per batch.
-            let mut field = String::with_capacity(up.len() + 1 + what.len());
-            field.push_str(up);
-            field.push('\n');
-            field.push_str(what);
-            (field, amount)
-        })
-        .collect()
-}
-
 type ReleaseCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<()>, Fault>> + Send>>;
 
 /// What sends a pool's queued releases, one `release.lua` run per batch. It deals with the call's
@@ -379,13 +353,27 @@ fn release_sender(
     move |batch: Vec<Release>| {
         let (inner, pool, p) = (inner.clone(), pool.clone(), p.clone());
         Box::pin(async move {
-            match inner.release_remote(&p, &batch).await {
+            let stats = {
+                let mut pending = locked(&p.stats);
+                for r in &batch {
+                    if let (Some(up), Some(outcome)) = (&r.upstream, r.outcome) {
+                        pending.add(up, outcome, r.latency);
+                    }
+                }
+                if pending.due(std::time::Instant::now()) {
+                    pending.take()
+                } else {
+                    stats::Taken::default()
+                }
+            };
+            match inner.release_remote(&p, &batch, &stats).await {
                 Ok(freed) => {
                     if freed {
                         p.wake();
                     }
                 }
                 Err(Fault::Down(why)) => {
+                    locked(&p.stats).restore(stats);
                     inner.replay_quietly(&pool, batch.iter().map(|r| r.lease), &why);
                 }
                 Err(Fault::Broken(why)) => {
@@ -397,6 +385,22 @@ fn release_sender(
             }
             Ok(vec![(); batch.len()])
         })
+    }
+}
+
+/// Sends the statistics of pools that release nothing for a while (a busy pool's go with its
+/// release calls), until the store stops.
+async fn flush_stats_periodically(inner: Arc<Inner>) {
+    let mut tick = tokio::time::interval(stats::FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = inner.stop.cancelled() => return,
+            _ = tick.tick() => {
+                let now = std::time::Instant::now();
+                inner.flush_stats(|pending| pending.due(now));
+            }
+        }
     }
 }
 
@@ -529,6 +533,7 @@ impl RedisStore {
             calls: TaskTracker::new(),
         });
         tokio::spawn(events::run(inner.clone()));
+        tokio::spawn(flush_stats_periodically(inner.clone()));
         Ok(RedisStore {
             inner,
             _stop: stop.drop_guard(),
@@ -540,12 +545,19 @@ impl RedisStore {
         &self.inner.redacted
     }
 
-    /// Waits (at most `limit`) until the releases posted so far have gone out: a gateway that
-    /// stops must not leave its leases to expire. True when nothing was left.
+    /// Waits (at most `limit`) until the releases posted so far have gone out, then the
+    /// statistics they left: a gateway that stops must not leave its leases to expire, nor lose
+    /// the last second of figures. True when nothing was left.
     pub async fn settle(&self, limit: Duration) -> bool {
         let calls = &self.inner.calls;
         calls.close();
-        let settled = tokio::time::timeout(limit, calls.wait()).await.is_ok();
+        let settled = tokio::time::timeout(limit, async {
+            calls.wait().await;
+            self.inner.flush_stats(|_| true);
+            calls.wait().await;
+        })
+        .await
+        .is_ok();
         calls.reopen();
         settled
     }
@@ -719,6 +731,37 @@ impl Inner {
         }
     }
 
+    /// Sends, each in a call of its own, the pending statistics of every pool for which `pick`
+    /// is true. The calls are tracked like releases, so `settle` waits for them; one that finds
+    /// Redis unreachable puts its figures back for the next flush. Nothing is sent while degraded.
+    fn flush_stats(self: &Arc<Self>, pick: impl Fn(&stats::Pending) -> bool) {
+        if self.is_degraded() {
+            return;
+        }
+        for p in self.all_pools() {
+            let taken = {
+                let mut pending = locked(&p.stats);
+                if !pick(&pending) {
+                    continue;
+                }
+                pending.take()
+            };
+            if taken.is_empty() {
+                continue;
+            }
+            let inner = self.clone();
+            self.calls.spawn(async move {
+                if let Err(f) = inner.release_remote(&p, &[], &taken).await {
+                    if let Fault::Broken(why) = &f {
+                        tracing::warn!(error = %why, "redis refused the exchange statistics");
+                    } else {
+                        locked(&p.stats).restore(taken);
+                    }
+                }
+            });
+        }
+    }
+
     /// Switches to the local view (once) and makes sure a reconnection is under way.
     fn degrade(self: &Arc<Self>, why: &str) {
         if !self.degraded.swap(true, Ordering::SeqCst) {
@@ -884,10 +927,18 @@ impl Inner {
         while let Some(w) = writes.pop_front() {
             let done = match &w {
                 Deferred::Release { pool, release } => match self.pool(pool) {
-                    Ok(p) => self
-                        .release_remote(&p, std::slice::from_ref(release))
-                        .await
-                        .map(drop),
+                    Ok(p) => {
+                        let done = self
+                            .release_remote(&p, std::slice::from_ref(release), &Default::default())
+                            .await
+                            .map(drop);
+                        if done.is_ok()
+                            && let (Some(up), Some(outcome)) = (&release.upstream, release.outcome)
+                        {
+                            locked(&p.stats).add(up, outcome, release.latency);
+                        }
+                        done
+                    }
                     Err(_) => Ok(()),
                 },
                 Deferred::Unbind {
@@ -972,8 +1023,15 @@ impl Inner {
         self.eval(&inv, self.timeout).await
     }
 
-    /// Ends `releases` in one `release.lua` run; true when that freed capacity.
-    async fn release_remote(&self, p: &PoolLocal, releases: &[Release]) -> Result<bool, Fault> {
+    /// Ends `releases` and adds `stats` in one `release.lua` run; true when that freed capacity.
+    /// What the releases themselves recorded is not sent: their callers add it to the pool's
+    /// pending statistics.
+    async fn release_remote(
+        &self,
+        p: &PoolLocal,
+        releases: &[Release],
+        stats: &stats::Taken,
+    ) -> Result<bool, Fault> {
         let k = &p.keys;
         let cap = p.spec.load().max_concurrency.unwrap_or(0);
         let mut inv = Call::new(&scripts::RELEASE, 4);
@@ -987,7 +1045,7 @@ impl Inner {
         for r in releases {
             inv.arg(r.lease.0);
         }
-        for (field, amount) in stats_sums(releases) {
+        for (field, amount) in stats.pairs() {
             inv.arg(field).arg(amount);
         }
         let freed: i64 = self.eval(&inv, self.timeout).await?;
@@ -1303,6 +1361,7 @@ impl Store for RedisStore {
                             inner.calls.clone(),
                         )),
                         releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, inner.calls.clone())),
+                        stats: Mutex::default(),
                     });
                     pools.insert(spec.name.clone(), p.clone());
                     p
@@ -1586,7 +1645,7 @@ impl Store for RedisStore {
             .arg(now_ms());
         type Reply = (u64, Vec<String>, Vec<String>, Vec<String>, Vec<String>);
         match inner.eval::<Reply>(&inv, inner.timeout).await {
-            Ok(reply) => Ok(status_from(&p.spec.load(), reply)),
+            Ok(reply) => Ok(status_from(&p.spec.load(), reply, &locked(&p.stats))),
             Err(Fault::Down(why)) => {
                 inner.degrade(&why);
                 inner.fallback.status(pool).await
@@ -1710,6 +1769,7 @@ fn status_from(
         Vec<String>,
         Vec<String>,
     ),
+    unsent: &stats::Pending,
 ) -> PoolStatus {
     let pairs = |flat: Vec<String>| -> Vec<(String, String)> {
         let mut it = flat.into_iter();
@@ -1741,6 +1801,7 @@ fn status_from(
                 .insert(name.to_string(), n);
         }
     }
+    unsent.add_to(&mut counters);
     let members = spec
         .members
         .iter()
@@ -1769,48 +1830,5 @@ fn status_from(
     PoolStatus {
         sessions_live,
         members,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn release(up: Option<&str>, outcome: Option<Outcome>, latency_us: u64) -> Release {
-        Release {
-            upstream: up.map(UpstreamId::new),
-            lease: LeaseId(1),
-            outcome,
-            latency: Duration::from_micros(latency_us),
-        }
-    }
-
-    /// Every field a batch touches appears once, with the sum of what its releases add; quiet
-    /// releases add nothing, and upstreams whose ids share a prefix stay apart.
-    #[test]
-    fn stats_sums_add_each_field_once() {
-        let batch = [
-            release(Some("http://a:1"), Some(Outcome::Ok), 100),
-            release(Some("http://a:10"), Some(Outcome::Ok), 7),
-            release(Some("http://a:1"), Some(Outcome::Timeout), 2_000),
-            release(None, None, 0),
-            release(Some("http://a:1"), Some(Outcome::Ok), 50),
-        ];
-        let mut got = stats_sums(&batch);
-        got.sort();
-        let ok = Outcome::Ok.key();
-        let timeout = Outcome::Timeout.key();
-        let mut want = vec![
-            (format!("http://a:1\n{ok}"), 2),
-            (format!("http://a:1\n{timeout}"), 1),
-            ("http://a:1\nlatency_us".to_string(), 2_150),
-            ("http://a:1\nlatency_n".to_string(), 3),
-            (format!("http://a:10\n{ok}"), 1),
-            ("http://a:10\nlatency_us".to_string(), 7),
-            ("http://a:10\nlatency_n".to_string(), 1),
-        ];
-        want.sort();
-        assert_eq!(got, want);
-        assert!(stats_sums(&[release(None, None, 0)]).is_empty());
     }
 }
