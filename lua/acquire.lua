@@ -162,7 +162,11 @@ end
 
 local function cap_reply()
   local first = redis.call('ZRANGE', KEYS[5], '0', '0', 'WITHSCORES')
-  return {'cap', first[2] or '-1'}
+  -- An infinite score is the encoding pin (see configure.lua): there is no lease.
+  if not first[2] or first[2] == 'inf' then
+    return {'cap', '-1'}
+  end
+  return {'cap', first[2]}
 end
 
 -- Counts an allocation of `up`: the score grows by the member's cost (in the members ZSET while

@@ -4,16 +4,26 @@
 -- not flood it; a member that left loses its state (its live leases end or expire normally). The
 -- round-robin cursor restarts. Every gateway calls this at start and after Redis lost its data.
 --
+-- It also pins the encoding of the two lease keys. Every request adds a lease entry to each and
+-- removes it again. Redis keeps a small HASH or ZSET (up to 128 entries) as a listpack, which it
+-- scans entry by entry for each of those lookups and inserts: at 64 live leases, a third of its
+-- work per request. One entry longer than 64 bytes (hash-max-listpack-value,
+-- zset-max-listpack-value) makes the key a hash table / skip list for good, a restart included.
+-- The pin is field "~" of lease_up and a member of leases with score +inf, so no deadline range
+-- reaches it; lease ids are never "~".
+--
 -- KEYS[1]  meta     HASH  rr = round-robin cursor, n = member count
 -- KEYS[2]  state    HASH  upstream -> "e|k|c|s|r" (see acquire.lua)
 -- KEYS[3]  members  ZSET  eligible upstream -> allocation score
 -- KEYS[4]  order    ZSET  upstream -> position in the configured list
+-- KEYS[5]  leases   ZSET  lease id -> deadline (ms); pinned
+-- KEYS[6]  lease_up HASH  lease id -> upstream; pinned
 --
 -- ARGV[1..]  the members, in configured order (distinct)
 --
 -- Returns  1 when the pool was new to this Redis (its state had been lost or never existed), else 0
 
-if #KEYS < 4 then
+if #KEYS < 6 then
   return redis.error_reply('ERR configure: bad arguments')
 end
 local want = {}
@@ -47,4 +57,7 @@ for i = 1, #ARGV do
   redis.call('ZADD', KEYS[4], i - 1, up)
 end
 redis.call('HSET', KEYS[1], 'rr', '0', 'n', tostring(#ARGV))
+local pin = '~ pins the hashtable/skiplist encoding: as a listpack every lease operation scans all leases'
+redis.call('HSETNX', KEYS[6], '~', pin)
+redis.call('ZADD', KEYS[5], 'NX', '+inf', pin)
 return fresh and 1 or 0

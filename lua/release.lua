@@ -41,7 +41,8 @@ local ids = {}
 local seen = {}
 for i = 4, 3 + n do
   local lease = ARGV[i]
-  if lease == '' then
+  -- "~" is lease_up's encoding pin (see configure.lua), never a lease.
+  if lease == '' or lease == '~' then
     return redis.error_reply('ERR release: bad arguments')
   end
   if not seen[lease] then

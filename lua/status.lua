@@ -17,7 +17,8 @@ if #KEYS < 6 or not now then
   return redis.error_reply('ERR status: bad arguments')
 end
 local sessions = redis.call('ZCOUNT', KEYS[6], '(' .. string.format('%.0f', now), '+inf')
-local live_ids = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. string.format('%.0f', now), '+inf')
+-- '(+inf': not the encoding pin (see configure.lua).
+local live_ids = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. string.format('%.0f', now), '(+inf')
 local live = {}
 if #live_ids > 0 then
   for _, up in ipairs(redis.call('HMGET', KEYS[4], unpack(live_ids))) do

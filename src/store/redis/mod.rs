@@ -967,8 +967,13 @@ impl Inner {
     async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
         let spec = p.spec.load();
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::CONFIGURE, 4);
-        inv.key(&k.meta).key(&k.state).key(&k.members).key(&k.order);
+        let mut inv = Call::new(&scripts::CONFIGURE, 6);
+        inv.key(&k.meta)
+            .key(&k.state)
+            .key(&k.members)
+            .key(&k.order)
+            .key(&k.leases)
+            .key(&k.lease_up);
         for id in &spec.members {
             inv.arg(id.as_str());
         }
