@@ -7,12 +7,18 @@
 #   POOLGATE_BIN=old/poolgate bench/instructions.sh   # another build, for an A/B
 #   bench/instructions.sh --keep DIR           # also keep the callgrind files in DIR
 #   bench/instructions.sh --redis              # the Redis store (a redis-server started here)
+#   bench/instructions.sh --scripts            # redis-server's own, per request, for the scripts
+#   bench/instructions.sh --scripts --stats-every-call   # ... sending statistics with every release
 #
 # The gateway runs under callgrind (about 50 times slower) on its memory store with the 8 fake
 # upstreams of bench_fixture; a warm-up load runs first, then the counters are zeroed, the
 # measured load runs, and the counters are dumped: HTTP is wrk (1 thread, 16 keep-alive
 # connections, 1 KiB body, absolute form), CONNECT is bench_fixture's connect-load (8 at a time).
 # Read a kept file with `callgrind_annotate --inclusive=yes FILE`.
+#
+# --scripts counts redis-server instead, under callgrind, while examples/script_load.rs drives
+# acquire.lua and release.lua as a busy gateway does (batches of 11 acquires and 11 releases, 64
+# leases live, 8 upstreams); a unit is one request (one acquire and one release).
 #
 # Installs valgrind, wrk and curl with apt-get when they are missing (Debian/Ubuntu; root or sudo).
 set -euo pipefail
@@ -22,11 +28,15 @@ root=$PWD
 keep=""
 seconds=5
 redis=0
+scripts=0
+load_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --keep) keep=${2:?--keep needs a directory}; shift ;;
     --seconds) seconds=${2:?--seconds needs a number}; shift ;;
     --redis) redis=1 ;;
+    --scripts) scripts=1 ;;
+    --stats-every-call) load_args+=(--stats-every-call) ;;
     -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "instructions: unknown option $1" >&2; exit 64 ;;
   esac
@@ -42,7 +52,8 @@ missing=()
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
-[ "$redis" -eq 0 ] || command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+[ "$redis" -eq 0 ] && [ "$scripts" -eq 0 ] || command -v redis-server >/dev/null 2>&1 ||
+  missing+=(redis-server)
 [ ${#missing[@]} -eq 0 ] || install_packages "${missing[@]}"
 build_release
 
@@ -67,6 +78,36 @@ wait_line() { # FILE REGEX SECONDS
   done
   return 1
 }
+
+if [ "$scripts" -eq 1 ]; then
+  timeout 1800 cargo build --profile fixture --quiet --example script_load
+  load=${CARGO_TARGET_DIR:-$root/target}/fixture/examples/script_load
+  read -r redis_port < <(timeout 10 "$fixture" free-ports --count 1) || true
+  mkdir -p "$work/redis"
+  valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" redis-server --bind 127.0.0.1 \
+    --port "$redis_port" --dir "$work/redis" --save '' --appendonly no --daemonize no \
+    >"$work/redis.out" 2>&1 &
+  server=$!
+  pids+=("$server")
+  for _ in $(seq 150); do
+    timeout 2 redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  rounds=300
+  timeout 600 "$load" --port "$redis_port" --rounds 50 "${load_args[@]}" >/dev/null
+  callgrind_control -z "$server" >/dev/null 2>&1
+  units=$(timeout 600 "$load" --port "$redis_port" --rounds "$rounds" "${load_args[@]}" |
+    sed -n 's/^requests=//p')
+  callgrind_control --dump=scripts "$server" >/dev/null 2>&1
+  sleep 1
+  file=$(ls -t "$work"/cg.* 2>/dev/null | head -n 1 || true)
+  [ -n "$file" ] && [ -n "$units" ] && [ "$units" -gt 0 ] || { log "scripts: no data"; exit 1; }
+  ir=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+  [ -z "$keep" ] || { mkdir -p "$keep"; cp "$file" "$keep/callgrind.scripts"; }
+  echo "redis-server: $(redis-server --version | head -n 1)"
+  printf '%-10s %8d units  %9d instructions per unit\n' scripts "$units" $((ir / units))
+  exit 0
+fi
 
 lifetime="--max-lifetime=$((seconds * 4 + 300))s"
 "$fixture" "$lifetime" origin >"$work/origin.out" 2>&1 &
