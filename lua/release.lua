@@ -2,7 +2,7 @@
 --
 -- A gateway sends every release of a pool that queued while its previous call was under way in one
 -- run (group commit), so the per-call cost is paid once per batch: the live counts drop once per
--- upstream. Statistics come summed per field over about a second, with whichever call goes next.
+-- upstream. Statistics come summed per field over about a second, alone (n = 0) or with releases.
 --
 -- Releasing a lease that is already gone (it expired and was purged, or this is a replay after an
 -- outage) frees nothing twice: the live count only drops for a lease still listed, and a lease id
@@ -21,8 +21,8 @@
 -- ARGV[3]  n, the number of leases (0: statistics only)
 -- ARGV[4..3+n]  the lease ids
 -- ARGV[4+n..]   pairs of a stats field and the amount to add to it: the caller sums outcomes per
---               field over a second or so and sends them with whichever call goes next, so this
---               script builds no strings and adds to each field once
+--               field over about a second and sends them once, so this script builds no strings
+--               and adds to each field once
 --
 -- Returns  1 when capacity was freed for waiting requests, else 0
 

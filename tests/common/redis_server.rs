@@ -265,6 +265,15 @@ impl Monitor {
 
     /// Commands sent by clients at `addrs` (not those run inside scripts), upper-cased names.
     pub fn commands_from(&self, addrs: &[String]) -> Vec<String> {
+        self.calls_from(addrs)
+            .into_iter()
+            .filter_map(|call| call.into_iter().next())
+            .collect()
+    }
+
+    /// Like [`Monitor::commands_from`], each command with its arguments (as MONITOR quotes them;
+    /// an argument holding a quote is cut there).
+    pub fn calls_from(&self, addrs: &[String]) -> Vec<Vec<String>> {
         self.lines
             .lock()
             .unwrap()
@@ -277,8 +286,16 @@ impl Monitor {
                 if !addrs.iter().any(|a| a == addr) {
                     return None;
                 }
-                let cmd = l[end + 1..].trim().split('"').nth(1)?;
-                Some(cmd.to_ascii_uppercase())
+                let mut call: Vec<String> = l[end + 1..]
+                    .trim()
+                    .split('"')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect();
+                let name = call.first_mut()?;
+                *name = name.to_ascii_uppercase();
+                Some(call)
             })
             .collect()
     }

@@ -388,18 +388,16 @@ fn release_sender(
     }
 }
 
-/// Sends the statistics of pools that release nothing for a while (a busy pool's go with its
-/// release calls), until the store stops.
+/// Sends what statistics wait, every [`stats::FLUSH_EVERY`], until the store stops: so no figure
+/// waits longer than that (a release call also carries those that have waited that long, should
+/// this task run late).
 async fn flush_stats_periodically(inner: Arc<Inner>) {
     let mut tick = tokio::time::interval(stats::FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = inner.stop.cancelled() => return,
-            _ = tick.tick() => {
-                let now = std::time::Instant::now();
-                inner.flush_stats(|pending| pending.due(now));
-            }
+            _ = tick.tick() => inner.flush_stats(|_| true),
         }
     }
 }

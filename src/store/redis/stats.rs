@@ -1,11 +1,11 @@
 //! Exchange statistics on their way to a pool's stats HASH.
 //!
-//! Outcome counts and latency sums are summed here per upstream and go to Redis at most once per
-//! [`FLUSH_EVERY`], with a release call that is going anyway (or a call of their own when the pool
-//! is idle), instead of with every release call. Three `HINCRBY` per upstream per release call
-//! were a sixth of Redis's work per proxied request; once a second they cost nothing. The
-//! figures are telemetry (`/status`): another instance sees this one's at most that late, and this
-//! instance adds what it has not sent yet to what it reads.
+//! Outcome counts and latency sums are summed here per upstream and go to Redis once per
+//! [`FLUSH_EVERY`] (in a call of their own, or with a release call when they have waited that
+//! long), instead of with every release call. Three `HINCRBY` per upstream per release call were
+//! a sixth of Redis's work per proxied request; once a second they cost nothing. The figures are
+//! telemetry (`/status`): another instance sees this one's at most that late, and this instance
+//! adds what it has not sent yet to what it reads.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
