@@ -397,7 +397,7 @@ async fn flush_stats_periodically(inner: Arc<Inner>) {
     loop {
         tokio::select! {
             _ = inner.stop.cancelled() => return,
-            _ = tick.tick() => inner.flush_stats(|_| true),
+            _ = tick.tick() => inner.flush_stats(),
         }
     }
 }
@@ -551,7 +551,7 @@ impl RedisStore {
         calls.close();
         let settled = tokio::time::timeout(limit, async {
             calls.wait().await;
-            self.inner.flush_stats(|_| true);
+            self.inner.flush_stats();
             calls.wait().await;
         })
         .await
@@ -729,31 +729,25 @@ impl Inner {
         }
     }
 
-    /// Sends, each in a call of its own, the pending statistics of every pool for which `pick`
-    /// is true. The calls are tracked like releases, so `settle` waits for them; one that finds
-    /// Redis unreachable puts its figures back for the next flush. Nothing is sent while degraded.
-    fn flush_stats(self: &Arc<Self>, pick: impl Fn(&stats::Pending) -> bool) {
+    /// Sends the pending statistics of every pool, each in a call of its own. The calls are
+    /// tracked like releases, so `settle` waits for them; one that finds Redis unreachable puts
+    /// its figures back for the next flush. Nothing is sent while degraded.
+    fn flush_stats(self: &Arc<Self>) {
         if self.is_degraded() {
             return;
         }
         for p in self.all_pools() {
-            let taken = {
-                let mut pending = locked(&p.stats);
-                if !pick(&pending) {
-                    continue;
-                }
-                pending.take()
-            };
+            let taken = locked(&p.stats).take();
             if taken.is_empty() {
                 continue;
             }
             let inner = self.clone();
             self.calls.spawn(async move {
-                if let Err(f) = inner.release_remote(&p, &[], &taken).await {
-                    if let Fault::Broken(why) = &f {
+                match inner.release_remote(&p, &[], &taken).await {
+                    Ok(_) => {}
+                    Err(Fault::Down(_)) => locked(&p.stats).restore(taken),
+                    Err(Fault::Broken(why)) => {
                         tracing::warn!(error = %why, "redis refused the exchange statistics");
-                    } else {
-                        locked(&p.stats).restore(taken);
                     }
                 }
             });

@@ -34,14 +34,7 @@ pub(super) struct Pending {
 
 impl Pending {
     pub fn add(&mut self, upstream: &UpstreamId, outcome: Outcome, latency: Duration) {
-        let i = match self.sums.iter().position(|(up, _)| up == upstream) {
-            Some(i) => i,
-            None => {
-                self.sums.push((upstream.clone(), Sums::default()));
-                self.sums.len() - 1
-            }
-        };
-        let sums = &mut self.sums[i].1;
+        let sums = self.sums_of(upstream);
         sums.outcomes[outcome.index()] += 1;
         sums.latency_us += latency.as_micros() as u64;
         sums.latency_n += 1;
@@ -63,12 +56,21 @@ impl Pending {
     /// Puts back what a failed call carried, so it goes with the next one.
     pub fn restore(&mut self, taken: Taken) {
         for (up, s) in taken.0 {
-            match self.sums.iter_mut().find(|(u, _)| *u == up) {
-                Some((_, mine)) => mine.add(&s),
-                None => self.sums.push((up, s)),
-            }
+            self.sums_of(&up).add(&s);
         }
         self.since.get_or_insert_with(Instant::now);
+    }
+
+    /// `upstream`'s sums, new ones when it has none yet.
+    fn sums_of(&mut self, upstream: &UpstreamId) -> &mut Sums {
+        let i = match self.sums.iter().position(|(up, _)| up == upstream) {
+            Some(i) => i,
+            None => {
+                self.sums.push((upstream.clone(), Sums::default()));
+                self.sums.len() - 1
+            }
+        };
+        &mut self.sums[i].1
     }
 
     /// Adds what waits here to `counters` (upstream -> field -> count), as read from Redis.
