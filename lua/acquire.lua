@@ -17,16 +17,18 @@
 -- KEYS[6]  lease_up  HASH    lease id -> upstream
 -- KEYS[7]  live      HASH    upstream -> live lease count
 -- KEYS[8]  sessions  ZSET    session key -> expiry (ms); only counts sessions for status
--- KEYS[9]  sess      STRING  the session's upstream, PX = session TTL (session mode only)
+-- KEYS[9]  instances ZSET    instance -> deadline (ms) of its report (see report.lua)
+-- KEYS[10] held      HASH    instance -> its unlisted leases, "<count> <upstream>" lines
+-- KEYS[11] sess      STRING  the session's upstream, PX = session TTL (session mode only)
 --
--- ARGV[1]  now (ms)           ARGV[2]  lease id (chosen by the caller, unique)
+-- ARGV[1]  now (ms)           ARGV[2]  lease id (chosen by the caller, unique), or "-"
 -- ARGV[3]  lease deadline (ms, after now)   ARGV[4]  cap: live leases per upstream (0 = none)
 -- ARGV[5]  strategy: least-used | weighted | least-connections | round-robin
 -- ARGV[6]  events channel (a purge that freed capacity publishes "r")
 -- ARGV[7]  mode: any | many | session
 --   any:     ARGV[8..]  upstreams to exclude (already tried)
---   many:    ARGV[8..]  lease ids (ARGV[2] is ignored): one plain acquire per id, in order, as if
---                       each were its own run; the reply is the list of their replies, each as one
+--   many:    ARGV[8..]  lease ids or "-" (ARGV[2] is ignored): one plain acquire per id, in
+--                       order, as if each were its own run; the reply is the list of their replies, each as one
 --                       string: "granted <bound_now> <upstream>", "cap <ms>", "none" or
 --                       "unconfigured" (a flat list of strings costs the client a fraction of a
 --                       list of lists to parse). A gateway sends the plain acquires that queued up
@@ -40,6 +42,14 @@
 --        | {"unavailable", upstream}                      the session's upstream cannot serve it
 --        | {"none"}                                       no eligible candidate at all
 --        | {"unconfigured"}                               the pool's state is missing (a reset)
+--
+-- A lease id "-" asks for an unlisted lease: the grant counts the allocation and records
+-- nothing else. Gateways take unlisted leases where nothing on the hot path reads lease records:
+-- without a cap, under any strategy but least-connections. Each gateway counts its unlisted
+-- leases itself and reports the counts once a second with a deadline (report.lua), so a dead
+-- gateway's count lapses as its leases would. Where a cap or least-connections reads the live
+-- counts, the counts other gateways reported are added (a pool that gained a cap by a reload
+-- still has some).
 --
 -- Numbers go to Redis as the caller's strings where they can: Redis 7.0 formats every Lua number
 -- argument with printf("%.17g"), which was a tenth of this script's cost.
@@ -55,7 +65,7 @@ local channel = ARGV[6]
 local mode = ARGV[7]
 
 -- Validate everything before the first write: Redis does not roll back a half-run script.
-if #KEYS < 8 or not now or not deadline or deadline <= now or not cap or cap < 0
+if #KEYS < 10 or not now or not deadline or deadline <= now or not cap or cap < 0
     or not channel or (mode ~= 'many' and (not lease or lease == '')) then
   return redis.error_reply('ERR acquire: bad arguments')
 end
@@ -69,7 +79,7 @@ if mode == 'session' then
   sess_ttl_s = ARGV[8]
   rebind = ARGV[9] == '1'
   skey = ARGV[10]
-  if #KEYS < 9 or not sess_ttl or sess_ttl <= 0 or not skey or skey == '' then
+  if #KEYS < 11 or not sess_ttl or sess_ttl <= 0 or not skey or skey == '' then
     return redis.error_reply('ERR acquire: bad session arguments')
   end
 elseif mode == 'many' then
@@ -152,8 +162,28 @@ end
 -- Grants of this run not yet counted in the live HASH (a `many` batch counts them at its end).
 local pending = {}
 
+-- Unlisted leases other gateways reported, per upstream (read once, when first needed).
+local reported
+local function held(up)
+  if not reported then
+    reported = {}
+    local now_ex = '(' .. now_s
+    local alive = redis.call('ZRANGEBYSCORE', KEYS[9], now_ex, '+inf')
+    if #alive > 0 then
+      for _, lines in ipairs(redis.call('HMGET', KEYS[10], unpack(alive))) do
+        if lines then
+          for count, u in string.gmatch(lines, '(%d+) ([^\n]+)') do
+            reported[u] = (reported[u] or 0) + tonumber(count)
+          end
+        end
+      end
+    end
+  end
+  return reported[up] or 0
+end
+
 local function live(up)
-  return tonumber(redis.call('HGET', KEYS[7], up) or '0') + (pending[up] or 0)
+  return tonumber(redis.call('HGET', KEYS[7], up) or '0') + (pending[up] or 0) + held(up)
 end
 
 local function at_cap(up)
@@ -183,6 +213,10 @@ end
 -- Leases `up` and counts the allocation. The lease id is claimed first, so an id in use gets nil
 -- and nothing of the grant is written. Ids are 63 random bits: that is a caller bug.
 local function grant(up, m, bound_now)
+  if lease == '-' then
+    count_allocation(up, m)
+    return {'granted', up, bound_now}
+  end
   if redis.call('HSETNX', KEYS[6], lease, up) == 0 then
     return nil
   end
@@ -198,7 +232,7 @@ end
 
 if mode == 'session' then
   redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now_s)
-  local bound = redis.call('GET', KEYS[9])
+  local bound = redis.call('GET', KEYS[11])
   if bound then
     local m = state_of(bound)
     if m and m.k then
@@ -208,14 +242,14 @@ if mode == 'session' then
       end
       local granted = grant(bound, m, '0')
       if not granted then return in_use() end
-      redis.call('PEXPIRE', KEYS[9], sess_ttl_s)
+      redis.call('PEXPIRE', KEYS[11], sess_ttl_s)
       redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
       return granted
     end
     if not rebind then
       return {'unavailable', bound}
     end
-    redis.call('DEL', KEYS[9])
+    redis.call('DEL', KEYS[11])
     redis.call('ZREM', KEYS[8], skey)
   end
   for i = 11, #ARGV do
@@ -227,7 +261,7 @@ if mode == 'session' then
       end
       local granted = grant(up, m, '1')
       if not granted then return in_use() end
-      redis.call('SET', KEYS[9], up, 'PX', sess_ttl_s)
+      redis.call('SET', KEYS[11], up, 'PX', sess_ttl_s)
       redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
       return granted
     end
@@ -347,14 +381,24 @@ end
 -- batch's grants, kept in `pending`, to what Redis holds).
 local function many_least_used()
   local first = 8
-  local used = redis.call('HMGET', KEYS[6], unpack(ARGV, first, #ARGV))
+  local ids = {}
+  for i = first, #ARGV do
+    if ARGV[i] ~= '-' then ids[#ids + 1] = ARGV[i] end
+  end
   local claimed = {}
+  if #ids > 0 then
+    local used = redis.call('HMGET', KEYS[6], unpack(ids))
+    for i, id in ipairs(ids) do
+      if used[i] then claimed[id] = true end
+    end
+  end
   local lease_pairs, deadline_pairs = {}, {}
   local chunk = cap == 0 and 1 or CHUNK
   local replies = {}
   for i = 1, #ARGV - first + 1 do
     local id = ARGV[first + i - 1]
-    if used[i] or claimed[id] then
+    local recorded = id ~= '-'
+    if recorded and claimed[id] then
       replies[i] = in_use()
     else
       local saw = false
@@ -365,12 +409,14 @@ local function many_least_used()
       if chosen then
         local up, m = chosen[1], chosen[2]
         count_allocation(up, m)
-        claimed[id] = true
-        pending[up] = (pending[up] or 0) + 1
-        lease_pairs[#lease_pairs + 1] = id
-        lease_pairs[#lease_pairs + 1] = up
-        deadline_pairs[#deadline_pairs + 1] = deadline_s
-        deadline_pairs[#deadline_pairs + 1] = id
+        if recorded then
+          claimed[id] = true
+          pending[up] = (pending[up] or 0) + 1
+          lease_pairs[#lease_pairs + 1] = id
+          lease_pairs[#lease_pairs + 1] = up
+          deadline_pairs[#deadline_pairs + 1] = deadline_s
+          deadline_pairs[#deadline_pairs + 1] = id
+        end
         replies[i] = {'granted', up, '0'}
       elseif saw then
         -- Every member is at its cap: the earliest deadline, this batch's grants included.

@@ -6,14 +6,18 @@
 -- KEYS[4]  lease_up  HASH  lease id -> upstream
 -- KEYS[5]  stats     HASH  "<upstream>\n<counter>" -> count
 -- KEYS[6]  sessions  ZSET  session key -> expiry (ms)
+-- KEYS[7]  instances ZSET  instance -> deadline (ms) of its report (see report.lua)
+-- KEYS[8]  held      HASH  instance -> its unlisted leases, "<count> <upstream>" lines
 --
--- ARGV[1]  now (ms)
+-- ARGV[1]  now (ms)   ARGV[2]  the asking instance (its own unlisted leases it counts itself)
 --
 -- Returns  {live sessions, state (flat field/value list), members (flat member/score list),
---           upstreams of the live leases (one entry per lease), stats (flat field/value list)}
+--           upstreams of the live leases (one entry per lease), stats (flat field/value list),
+--           the live reports of other instances' unlisted leases (their lines)}
 
 local now = tonumber(ARGV[1])
-if #KEYS < 6 or not now then
+local me = ARGV[2]
+if #KEYS < 8 or not now or not me then
   return redis.error_reply('ERR status: bad arguments')
 end
 local sessions = redis.call('ZCOUNT', KEYS[6], '(' .. string.format('%.0f', now), '+inf')
@@ -27,10 +31,19 @@ if #live_ids > 0 then
     end
   end
 end
+local reports = {}
+local alive = redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. string.format('%.0f', now), '+inf')
+for _, instance in ipairs(alive) do
+  local lines = instance ~= me and redis.call('HGET', KEYS[8], instance)
+  if lines then
+    reports[#reports + 1] = lines
+  end
+end
 return {
   tostring(sessions),
   redis.call('HGETALL', KEYS[1]),
   redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES'),
   live,
   redis.call('HGETALL', KEYS[5]),
+  reports,
 }

@@ -54,7 +54,16 @@ fn numbered(n: usize, of: impl Fn(usize) -> (u32, u64, u32)) -> Vec<Member> {
 
 fn keys(tag: &str) -> Vec<String> {
     [
-        "meta", "state", "members", "order", "leases", "lease_up", "live", "sessions",
+        "meta",
+        "state",
+        "members",
+        "order",
+        "leases",
+        "lease_up",
+        "live",
+        "sessions",
+        "instances",
+        "held",
     ]
     .iter()
     .map(|k| format!("t:{{{tag}}}:{k}"))
@@ -158,11 +167,42 @@ async fn dump(c: &mut MultiplexedConnection, tag: &str) -> Vec<String> {
     ]
 }
 
+/// Another gateway's report of unlisted leases (see `report.lua`): its deadline and lines.
+struct Report {
+    instance: &'static str,
+    deadline: u64,
+    lines: &'static str,
+}
+
+async fn add_reports(c: &mut MultiplexedConnection, tag: &str, reports: &[Report]) {
+    let k = keys(tag);
+    for r in reports {
+        let _: () = redis::pipe()
+            .zadd(&k[8], r.instance, r.deadline)
+            .hset(&k[9], r.instance, r.lines)
+            .query_async(c)
+            .await
+            .expect("report");
+    }
+}
+
 /// Runs `ids` as one batch and as single acquires on two copies of `members`; asserts that
 /// replies and state agree, and returns the replies.
 async fn same_as_single_runs(
     members: &[Member],
     taken: &[&str],
+    ids: &[&str],
+    cap: u32,
+    strategy: &str,
+) -> Vec<String> {
+    same_as_single_runs_with(members, taken, &[], ids, cap, strategy).await
+}
+
+/// [`same_as_single_runs`] with other gateways' `reports` of unlisted leases.
+async fn same_as_single_runs_with(
+    members: &[Member],
+    taken: &[&str],
+    reports: &[Report],
     ids: &[&str],
     cap: u32,
     strategy: &str,
@@ -174,8 +214,10 @@ async fn same_as_single_runs(
         .await
         .expect("connect");
     let script = redis::Script::new(SCRIPT);
-    setup(&mut c, "batch", members, taken).await;
-    setup(&mut c, "single", members, taken).await;
+    for tag in ["batch", "single"] {
+        setup(&mut c, tag, members, taken).await;
+        add_reports(&mut c, tag, reports).await;
+    }
 
     let mut inv = invocation(&script, "batch", "-", cap, strategy, "many");
     for id in ids {
@@ -327,4 +369,90 @@ async fn a_large_pool_under_a_cap_is_decided_past_the_members_read_first() {
     let granted = replies.iter().filter(|r| r.contains("granted")).count();
     assert_eq!(granted, 70 - 10, "{replies:?}");
     assert!(replies[74].contains("cap"), "{}", replies[74]);
+}
+
+#[tokio::test]
+async fn unlisted_leases_count_their_allocations_and_record_nothing() {
+    // "-" asks for an unlisted lease; `r1` and `r2` are listed leases in the same batch.
+    let members = [m("a", 1, 0, 0), m("b", 2, 1, 0), m("c", 1, 3, 0)];
+    let ids = ["-", "-", "r1", "-", "-", "r2", "-", "-", "-"];
+    let replies = same_as_single_runs(&members, &[], &ids, 0, "least-used").await;
+    assert!(replies.iter().all(|r| r.contains("granted")), "{replies:?}");
+    let redis = RedisServer::start().await;
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    setup(&mut c, "one", &members, &[]).await;
+    let script = redis::Script::new(SCRIPT);
+    let mut inv = invocation(&script, "one", "-", 0, "least-used", "many");
+    for id in ids {
+        inv.arg(id);
+    }
+    let _: Value = inv.invoke_async(&mut c).await.expect("batch");
+    let dumped = dump(&mut c, "one").await;
+    let listed = vec![
+        ("r1".to_string(), DEADLINE as f64),
+        ("r2".to_string(), DEADLINE as f64),
+    ];
+    assert_eq!(
+        dumped[1],
+        format!("leases {listed:?}"),
+        "only r1 and r2 are listed"
+    );
+    assert!(!dumped[2].contains("\"-\""), "{dumped:?}");
+    let live: Vec<u64> = redis::cmd("HVALS")
+        .arg("t:{one}:live")
+        .query_async(&mut c)
+        .await
+        .expect("live");
+    assert_eq!(
+        live.iter().sum::<u64>(),
+        2,
+        "only the listed ones are live: {dumped:?}"
+    );
+    // Nine allocations in all, whichever the lease.
+    let total: f64 = redis::cmd("ZRANGE")
+        .arg("t:{one}:members")
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async::<Vec<(String, f64)>>(&mut c)
+        .await
+        .expect("scores")
+        .iter()
+        .map(|(_, s)| s)
+        .sum();
+    assert_eq!(total, 4.0 + 9.0 + 2.0, "{dumped:?}");
+}
+
+#[tokio::test]
+async fn a_cap_counts_the_unlisted_leases_other_gateways_report() {
+    // cap 3: another gateway reports 2 unlisted leases on `x`; the report of a gateway that died
+    // (its deadline passed) no longer counts its 5 on `y`.
+    let members = [m("x", 1, 0, 0), m("y", 1, 5, 0), m("z", 1, 9, 0)];
+    let reports = [
+        Report {
+            instance: "alive",
+            deadline: NOW + 5_000,
+            lines: "2 x\n1 z",
+        },
+        Report {
+            instance: "dead",
+            deadline: NOW,
+            lines: "5 y",
+        },
+    ];
+    let ids: Vec<String> = (1..=10).map(|i| format!("c{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let replies = same_as_single_runs_with(&members, &[], &reports, &ids, 3, "least-used").await;
+    let granted: Vec<&String> = replies.iter().filter(|r| r.contains("granted")).collect();
+    assert_eq!(granted.len(), 1 + 3 + 2, "{replies:?}");
+    assert_eq!(
+        granted.iter().filter(|r| r.ends_with(" x")).count(),
+        1,
+        "{replies:?}"
+    );
+    assert!(replies[9].contains("cap"), "{}", replies[9]);
 }

@@ -244,8 +244,8 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
         assert_eq!(get(&cb, &url, Some("shared-1")).await.1, bound);
     }
 
-    // A plain request costs at most two commands: EVALSHA acquire and EVALSHA release (a release
-    // that arrives while another is being sent goes with the next one).
+    // A plain request costs one command in a pool without a cap: EVALSHA acquire. Its lease is
+    // unlisted, so its release sends nothing (with a cap, the release is a second command).
     tokio::time::sleep(Duration::from_millis(300)).await;
     monitor.clear();
     let before = redis.command_calls()["evalsha"];
@@ -257,7 +257,7 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
     let all = monitor.calls_from(&b_addrs);
     let sent: Vec<&String> = all
         .iter()
-        .filter(|c| !statistics_flush(c))
+        .filter(|c| !periodic_call(c))
         .map(|c| &c[0])
         .collect();
     eprintln!(
@@ -265,12 +265,13 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
         sent.len(),
         sent.iter().take(3).collect::<Vec<_>>()
     );
-    assert!((21..=40).contains(&sent.len()), "{sent:?}");
+    assert_eq!(sent.len(), 20, "{sent:?}");
     assert!(sent.iter().all(|c| *c == "EVALSHA"), "{sent:?}");
-    // MONITOR saw every call; beside B's, each instance may have flushed its statistics once.
+    // MONITOR saw every call; beside B's, A may have flushed its statistics and sent its report
+    // once each.
     let flushes = (all.len() - sent.len()) as u64;
     assert!(
-        (sent.len() as u64 + flushes..=sent.len() as u64 + flushes + 1).contains(&evalsha),
+        (sent.len() as u64 + flushes..=sent.len() as u64 + flushes + 2).contains(&evalsha),
         "INFO counts {evalsha} EVALSHA, MONITOR saw {} from B and {flushes} flushes",
         sent.len()
     );
@@ -298,7 +299,7 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
     let idle: Vec<Vec<String>> = monitor
         .calls_from(&b_addrs)
         .into_iter()
-        .filter(|c| !statistics_flush(c))
+        .filter(|c| !periodic_call(c))
         .collect();
     let mut first_at = None;
     let mut chosen = Vec::new();
@@ -320,12 +321,11 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
     let b_cmds: Vec<String> = monitor
         .calls_from(&b_addrs)
         .into_iter()
-        .filter(|c| !statistics_flush(c))
+        .filter(|c| !periodic_call(c))
         .map(|c| c[0].clone())
         .collect();
-    // At most 2 per request: a release posted while the previous one is still being sent goes
-    // with the next call.
-    assert!((41..=80).contains(&b_cmds.len()), "{b_cmds:?}");
+    // One per request, the acquire: without a cap the release sends nothing.
+    assert_eq!(b_cmds.len(), 40, "{b_cmds:?}");
     assert!(b_cmds.iter().all(|c| c == "EVALSHA"), "{b_cmds:?}");
     let a_status = status(&a).await;
     let victim_state = a_status["pools"][0]["upstreams"]
@@ -409,17 +409,79 @@ async fn a_killed_instance_returns_its_capacity_within_lease_ttl() {
     drop(held);
 }
 
-/// A gateway stopped (SIGTERM) under load leaves no lease behind in Redis: the releases of the
-/// requests it finishes while draining go out before it exits, though nobody waits for them on
-/// the response path.
-/// Whether `call` (as [`common::redis_server::Monitor::calls_from`] gives it) is a gateway sending the
-/// exchange statistics that waited, alone: `release.lua` with no lease (ARGV[3] = 0). An instance
-/// does that once a second after it served requests; it is not polling.
-fn statistics_flush(call: &[String]) -> bool {
-    let release = redis::Script::new(include_str!("../lua/release.lua"));
-    call.first().is_some_and(|c| c == "EVALSHA")
-        && call.get(1).is_some_and(|sha| sha == release.get_hash())
-        && call.get(9).is_some_and(|n| n == "0")
+/// Without a cap a lease is unlisted: Redis holds no record of it, only its gateway's count,
+/// reported once a second with a deadline. Another instance's `/status` still counts it, and the
+/// count lapses when its gateway dies, as a listed lease would expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlisted_leases_show_on_every_instance_and_lapse_with_their_gateway() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(2).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    // The report's deadline is the lease TTL, but at least three flushes (3 s).
+    let text = config(&redis.url(), &urls, origin.port(), "lease_ttl = \"1s\"");
+    let mut a = GatewayProcess::spawn(&text).await;
+    let b = GatewayProcess::spawn(&text).await;
+    let target = origin.authority();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect_tunnel(&a.proxy, &target).await.unwrap());
+    }
+    assert_eq!(leases_live(&a).await, 3, "A counts its own at once");
+    assert_eq!(leases_in_redis(&redis), "0", "none is listed");
+    let seen = Instant::now();
+    let mut on_b = 0;
+    for _ in 0..100 {
+        on_b = leases_live(&b).await;
+        if on_b == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = seen.elapsed();
+    assert_eq!(on_b, 3, "B counts A's tunnels after {seen:?}");
+    // Held past the report's deadline, they still count: A renews its report every second.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(leases_live(&b).await, 3, "A's report renewed");
+
+    a.signal("KILL");
+    let killed = Instant::now();
+    let mut left = 3;
+    for _ in 0..200 {
+        left = leases_live(&b).await;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lapsed = killed.elapsed();
+    eprintln!("unlisted leases: seen on B after {seen:?}; lapsed {lapsed:?} after A was killed");
+    assert_eq!(left, 0, "A's count lapsed");
+    assert!(lapsed < Duration::from_secs(5), "lapsed after {lapsed:?}");
+    drop(held);
+    let _ = a.child.wait().await;
+}
+
+/// Whether `call` (as [`common::redis_server::Monitor::calls_from`] gives it) is one a gateway
+/// sends about once a second after it served requests, not polling: the exchange statistics that
+/// waited, alone (`release.lua` with no lease, ARGV[3] = 0), or the report of its unlisted leases
+/// (`report.lua`); or the `SCRIPT LOAD` of either, which follows a `NOSCRIPT` from a fresh Redis.
+fn periodic_call(call: &[String]) -> bool {
+    const RELEASE: &str = include_str!("../lua/release.lua");
+    const REPORT: &str = include_str!("../lua/report.lua");
+    let (release, report) = (redis::Script::new(RELEASE), redis::Script::new(REPORT));
+    match call {
+        [evalsha, sha, rest @ ..] if evalsha == "EVALSHA" => {
+            *sha == report.get_hash()
+                || (*sha == release.get_hash() && rest.get(7).is_some_and(|n| n == "0"))
+        }
+        // MONITOR shows the body escaped (its quotes split it here): compare its first line.
+        [script, load, body, ..] if script == "SCRIPT" && load == "LOAD" => [RELEASE, REPORT]
+            .iter()
+            .any(|src| src.lines().next().is_some_and(|l| body.starts_with(l))),
+        _ => false,
+    }
 }
 
 /// The leases of the default pool in Redis: the members of its leases ZSET but the encoding pin,
@@ -444,16 +506,32 @@ fn counted_in_redis(redis: &RedisServer) -> u64 {
         .unwrap_or_else(|_| panic!("not a count: {out:?}"))
 }
 
-/// Statistics go to Redis about once a second, not with every release: they still get there
-/// when the load stops and the gateway stays up, and all of them before a stopped gateway exits.
+/// A gateway stopped (SIGTERM) under load leaves no lease behind in Redis: the releases of the
+/// requests it finishes while draining go out before it exits, though nobody waits for them on
+/// the response path. Statistics go to Redis about once a second, not with every release: they
+/// still get there when the load stops and the gateway stays up, and all of them before a stopped
+/// gateway exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_stopped_under_load_leaves_no_lease_in_redis_and_every_statistic() {
+    // Under a cap every lease is listed in Redis and every release is a call.
+    stopped_under_load("max_concurrency = 10000").await;
+}
+
+/// The same without a cap: the leases are unlisted, and the gateway's report of them, sent while
+/// the load runs, is withdrawn before it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_under_load_withdraws_its_report_of_unlisted_leases() {
+    stopped_under_load("").await;
+}
+
+async fn stopped_under_load(pool: &str) {
     common::init_tracing();
     let redis = RedisServer::start().await;
     let origin = Origin::start(OriginBehaviour::echo()).await;
     let ups = upstreams(4).await;
     let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
-    let mut gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    let mut gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), pool)).await;
+    let unlisted = pool.is_empty();
 
     // An idle pool's figures are sent by the periodic flush.
     let client = client_via(&gw);
@@ -478,6 +556,14 @@ async fn a_gateway_stopped_under_load_leaves_no_lease_in_redis_and_every_statist
         .await,
         "the load got going"
     );
+    let reported = || redis.cli(&["HLEN", "pg:{default}:held"]).trim() == "1";
+    if unlisted {
+        assert!(
+            common::wait_until(reported, Duration::from_secs(5)).await,
+            "the gateway reports its unlisted leases while the load runs"
+        );
+        assert_eq!(leases_in_redis(&redis), "0", "none is listed");
+    }
     gw.signal("TERM");
     let exit = tokio::time::timeout(Duration::from_secs(20), gw.child.wait())
         .await
@@ -494,6 +580,10 @@ async fn a_gateway_stopped_under_load_leaves_no_lease_in_redis_and_every_statist
     assert_eq!(leases, "0", "no lease left");
     assert_eq!(listed.trim(), "~", "no lease listed, only the encoding pin");
     assert_eq!(live.trim(), "", "no live count left");
+    let held = redis.cli(&["HGETALL", "pg:{default}:held"]);
+    let instances = redis.cli(&["ZRANGE", "pg:{default}:instances", "0", "-1"]);
+    assert_eq!(held.trim(), "", "no report of unlisted leases left");
+    assert_eq!(instances.trim(), "", "no report deadline left");
     // The pins keep both lease keys out of the listpack encoding, which is scanned entry by
     // entry, even with no lease at all.
     assert_eq!(
@@ -657,12 +747,24 @@ async fn script_flush_and_a_redis_restart_under_load_fail_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_for_10s_under_load_degrades_without_hanging_and_recovers() {
+    // Under a cap, so that every lease is listed in Redis and its release must be replayed.
+    outage_under_load("max_concurrency = 10000").await;
+}
+
+/// The same without a cap: the leases are unlisted, and the gateway's count of them is right
+/// again after the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_for_10s_under_load_with_unlisted_leases() {
+    outage_under_load("").await;
+}
+
+async fn outage_under_load(pool: &str) {
     common::init_tracing();
     let redis = RedisServer::start().await;
     let origin = Origin::start(OriginBehaviour::echo()).await;
     let ups = upstreams(4).await;
     let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
-    let gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    let gw = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), pool)).await;
     let client = client_via(&gw);
     let url = origin.url("/ok");
     let load = Load::start(&client, &url, 4);
@@ -703,6 +805,17 @@ async fn redis_stopped_for_10s_under_load_degrades_without_hanging_and_recovers(
     let leases = || leases_in_redis(&redis);
     common::wait_until_async(|| async { leases() == "0" }, Duration::from_secs(5)).await;
     assert_eq!(leases(), "0", "no lease leaked");
+    assert_eq!(leases_live(&gw).await, 0, "/status counts no live lease");
+}
+
+/// The live leases `/status` counts over the default pool's upstreams.
+async fn leases_live(gw: &GatewayProcess) -> u64 {
+    status(gw).await["pools"][0]["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["leases_live"].as_u64().unwrap())
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -754,8 +867,8 @@ async fn a_gateway_started_while_redis_is_down_serves_and_joins_when_it_comes_up
     let calls: Vec<Vec<String>> = monitor
         .calls_from(&addrs)
         .into_iter()
-        .filter(|c| !statistics_flush(c))
+        .filter(|c| !periodic_call(c))
         .collect();
-    assert_eq!(calls.len(), 2, "served from redis again: {calls:?}");
+    assert_eq!(calls.len(), 1, "served from redis again: {calls:?}");
     assert!(calls.iter().all(|c| c[0] == "EVALSHA"), "{calls:?}");
 }

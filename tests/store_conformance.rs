@@ -890,7 +890,8 @@ suite!(
 
 /// The Redis store sends the plain acquires, and the releases, that arrive while a call of their
 /// kind is under way in shared calls: 120 of each at once take a few calls, not 120, and every
-/// one gets its own answer (distinct leases, balanced as least-used, every lease ended).
+/// one gets its own answer (distinct leases, balanced as least-used, every lease ended). Under a
+/// cap, so that the leases are listed and each release goes to Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_acquires_and_releases_arriving_together_share_calls() {
     let server = RedisServer::start().await;
@@ -899,7 +900,7 @@ async fn redis_acquires_and_releases_arriving_together_share_calls() {
         "batch",
         4,
         Strategy::LeastUsed,
-        None,
+        Some(1000),
         Duration::from_secs(60),
     );
     let c = backend.clients(1, &spec).await;
@@ -946,5 +947,68 @@ async fn redis_acquires_and_releases_arriving_together_share_calls() {
     assert!(st.members.iter().all(|m| m.leases_live == 0), "{st:?}");
     let ok: u64 = st.members.iter().map(|m| m.outcomes["ok"]).sum();
     assert_eq!(ok, 120);
+    assert_healthy(&c);
+}
+
+/// Without a cap (and not least-connections) the Redis store's leases are unlisted: a release
+/// sends nothing, and each instance reports its count once a second, which another instance's
+/// status adds; an instance's own status counts its leases and outcomes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unlisted_leases_are_released_without_a_call_and_reported_to_other_instances() {
+    let server = RedisServer::start().await;
+    let backend = Backend::Redis(server.url());
+    let (spec, _) = spec(
+        "unlisted",
+        3,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(60),
+    );
+    let c = backend.clients(2, &spec).await;
+    let evalsha = || server.command_calls()["evalsha"];
+    let live = |st: &PoolStatus| st.members.iter().map(|m| m.leases_live).sum::<u64>();
+    let mut grants = Vec::new();
+    for _ in 0..6 {
+        grants.push(granted(c[0].acquire(&spec.name, ANY).await.unwrap()));
+    }
+    assert_eq!(live(&c[0].status(&spec.name).await.unwrap()), 6);
+    assert_eq!(
+        server
+            .cli(&["ZCARD", &format!("pgtest:{{{}}}:leases", spec.name)])
+            .trim(),
+        "1",
+        "only the encoding pin is listed"
+    );
+    let mut seen = 0;
+    for _ in 0..60 {
+        seen = live(&c[1].status(&spec.name).await.unwrap());
+        if seen == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, 6, "the other instance counts them within 3 s");
+
+    let before = evalsha();
+    for g in &grants {
+        release(&c[0], &spec.name, g).await;
+    }
+    assert_eq!(
+        evalsha() - before,
+        0,
+        "a release of an unlisted lease sends nothing"
+    );
+    let own = c[0].status(&spec.name).await.unwrap();
+    assert_eq!(live(&own), 0);
+    let ok: u64 = own.members.iter().map(|m| m.outcomes["ok"]).sum();
+    assert_eq!(ok, 6, "its own status counts the outcomes not yet sent");
+    for _ in 0..60 {
+        seen = live(&c[1].status(&spec.name).await.unwrap());
+        if seen == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, 0, "the other instance sees them end within 3 s");
     assert_healthy(&c);
 }

@@ -29,6 +29,10 @@ pub(crate) struct PoolKeys {
     pub stats: String,
     /// ZSET: session key → expiry (ms), to count live sessions.
     pub sessions: String,
+    /// ZSET: instance → deadline (ms) of its report of unlisted leases (`report.lua`).
+    pub instances: String,
+    /// HASH: instance → its unlisted leases, `<count> <upstream>` lines.
+    pub held: String,
     /// Pub/sub channel of the pool's events.
     pub events: String,
     /// STRING: the members the pool's upstream lists contribute, one URL a line (`listed_put.lua`).
@@ -51,6 +55,8 @@ impl PoolKeys {
             live: key("live"),
             stats: key("stats"),
             sessions: key("sessions"),
+            instances: key("instances"),
+            held: key("held"),
             events: key("events"),
             listed: key("listed"),
             sess_prefix: key("sess:"),
@@ -178,6 +184,8 @@ mod tests {
             &k.live,
             &k.stats,
             &k.sessions,
+            &k.instances,
+            &k.held,
             &k.events,
             &k.listed,
             &k.session("s1"),

@@ -3,7 +3,8 @@
 //! Every decision is one Lua script of `lua/` run atomically on the server (see `scripts.rs`), so
 //! instances never double-book an upstream or disagree about a session. A request costs at most
 //! two commands: `acquire.lua` before connecting and `release.lua` after the exchange (off the
-//! response path). Under load, the acquires (and the releases) that queue up while the previous
+//! response path); in a pool without a cap only the first, as its leases are unlisted (see
+//! `held.rs`). Under load, the acquires (and the releases) that queue up while the previous
 //! call is under way share the next call (see `batch.rs`). Instances hear of each other through
 //! one pub/sub channel per pool (see `events.rs`): releases that free capacity wake waiting
 //! requests everywhere, and member settings decided elsewhere reach
@@ -26,6 +27,7 @@
 
 mod batch;
 mod events;
+mod held;
 mod keys;
 mod scripts;
 mod stats;
@@ -76,6 +78,8 @@ const ACQUIRE_CALLS: usize = 2;
 const RELEASE_BATCH: usize = 128;
 /// Marks leases granted by the fallback store while degraded, so their release goes there too.
 const FALLBACK_LEASE: u64 = 1 << 63;
+/// Marks an unlisted lease (see `held.rs`): Redis holds no record of it.
+const UNLISTED_LEASE: u64 = 1 << 62;
 /// Failed reconnection attempts in a row after which the connection is replaced by a new one.
 const FRESH_CONNECTION_AFTER: u32 = 3;
 /// Member changes buffered per subscriber before the slowest one misses some.
@@ -273,6 +277,8 @@ struct PoolLocal {
     releases: Arc<Batcher<Release, ()>>,
     /// Exchange statistics waiting for a call (see `stats.rs`).
     stats: Mutex<stats::Pending>,
+    /// This instance's unlisted leases (see `held.rs`).
+    held: Mutex<held::Held>,
 }
 
 /// One lease to end, and what its exchange recorded.
@@ -388,16 +394,16 @@ fn release_sender(
     }
 }
 
-/// Sends what statistics wait, every [`stats::FLUSH_EVERY`], until the store stops: so no figure
-/// waits longer than that (a release call also carries those that have waited that long, should
-/// this task run late).
-async fn flush_stats_periodically(inner: Arc<Inner>) {
+/// Sends what statistics wait and the reports of unlisted leases, every [`stats::FLUSH_EVERY`],
+/// until the store stops: so no figure waits longer than that (a release call also carries those
+/// that have waited that long, should this task run late).
+async fn flush_periodically(inner: Arc<Inner>) {
     let mut tick = tokio::time::interval(stats::FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = inner.stop.cancelled() => return,
-            _ = tick.tick() => inner.flush_stats(),
+            _ = tick.tick() => inner.flush(),
         }
     }
 }
@@ -415,6 +421,21 @@ fn now_ms() -> u64 {
 
 fn millis(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
+}
+
+/// Whether the pool's acquires take unlisted leases (see `held.rs`): nothing reads a lease
+/// record of a pool without a cap unless it allocates by least-connections.
+fn takes_unlisted_leases(spec: &PoolSpec) -> bool {
+    spec.max_concurrency.is_none() && spec.strategy != Strategy::LeastConnections
+}
+
+/// A lease id as `acquire.lua` takes it: `-` asks for an unlisted lease.
+fn lease_arg(lease: LeaseId) -> String {
+    if lease.0 & UNLISTED_LEASE != 0 {
+        "-".to_string()
+    } else {
+        lease.0.to_string()
+    }
 }
 
 fn strategy_arg(s: Strategy) -> &'static str {
@@ -531,7 +552,7 @@ impl RedisStore {
             calls: TaskTracker::new(),
         });
         tokio::spawn(events::run(inner.clone()));
-        tokio::spawn(flush_stats_periodically(inner.clone()));
+        tokio::spawn(flush_periodically(inner.clone()));
         Ok(RedisStore {
             inner,
             _stop: stop.drop_guard(),
@@ -544,14 +565,15 @@ impl RedisStore {
     }
 
     /// Waits (at most `limit`) until the releases posted so far have gone out, then the
-    /// statistics they left: a gateway that stops must not leave its leases to expire, nor lose
-    /// the last second of figures. True when nothing was left.
+    /// statistics they left and the last report of unlisted leases: a gateway that stops must not
+    /// leave its leases to expire, nor lose the last second of figures. True when nothing was
+    /// left.
     pub async fn settle(&self, limit: Duration) -> bool {
         let calls = &self.inner.calls;
         calls.close();
         let settled = tokio::time::timeout(limit, async {
             calls.wait().await;
-            self.inner.flush_stats();
+            self.inner.flush();
             calls.wait().await;
         })
         .await
@@ -579,7 +601,8 @@ impl RedisStore {
     }
 
     /// The release that must go to Redis, or `None` when it is done already: a lease of the local
-    /// view ends there, and while degraded the release waits in the backlog for replay.
+    /// view ends there, an unlisted lease here (its outcome joins the pending statistics), and
+    /// while degraded the release waits in the backlog for replay.
     fn to_send(
         &self,
         pool: &str,
@@ -597,6 +620,11 @@ impl RedisStore {
                 .release_now(pool, upstream, local, outcome, latency);
             p.wake();
             return r.map(|()| None);
+        }
+        if lease.0 & UNLISTED_LEASE != 0 {
+            locked(&p.held).end(upstream);
+            locked(&p.stats).add(upstream, outcome, latency);
+            return Ok(None);
         }
         let r = Release {
             upstream: Some(upstream.clone()),
@@ -729,14 +757,29 @@ impl Inner {
         }
     }
 
-    /// Sends the pending statistics of every pool, each in a call of its own. The calls are
-    /// tracked like releases, so `settle` waits for them; one that finds Redis unreachable puts
-    /// its figures back for the next flush. Nothing is sent while degraded.
-    fn flush_stats(self: &Arc<Self>) {
+    /// Sends the pending statistics of every pool, each in a call of its own, and the report of
+    /// its unlisted leases (see `held.rs`) in another. The calls are tracked like releases, so
+    /// `settle` waits for them; one that finds Redis unreachable puts its figures back for the
+    /// next flush. Nothing is sent while degraded.
+    fn flush(self: &Arc<Self>) {
         if self.is_degraded() {
             return;
         }
         for p in self.all_pools() {
+            if let Some(report) = locked(&p.held).report() {
+                let inner = self.clone();
+                let p = p.clone();
+                self.calls.spawn(async move {
+                    match inner.report_remote(&p, &report).await {
+                        Ok(()) => locked(&p.held).reported(report),
+                        Err(Fault::Down(_)) => locked(&p.held).unsure(),
+                        Err(Fault::Broken(why)) => {
+                            locked(&p.held).unsure();
+                            tracing::warn!(error = %why, "redis refused the report of unlisted leases");
+                        }
+                    }
+                });
+            }
             let taken = locked(&p.stats).take();
             if taken.is_empty() {
                 continue;
@@ -798,7 +841,8 @@ impl Inner {
     ) {
         {
             let mut backlog = locked(&self.backlog);
-            for lease in leases {
+            // An unlisted lease leaves nothing in Redis to cancel.
+            for lease in leases.into_iter().filter(|l| l.0 & UNLISTED_LEASE == 0) {
                 backlog.push(Deferred::Release {
                     pool: pool.to_string(),
                     release: Release::quiet(lease),
@@ -1049,6 +1093,26 @@ impl Inner {
         Ok(freed == 1)
     }
 
+    /// Replaces this instance's report of unlisted leases with `report` (see `report.lua`).
+    async fn report_remote(&self, p: &PoolLocal, report: &held::Report) -> Result<(), Fault> {
+        let k = &p.keys;
+        let spec = p.spec.load();
+        let now = now_ms();
+        // At least three flushes long, so a late tick never lets a live instance's report lapse.
+        let ttl = millis(spec.lease_ttl).max(3 * millis(stats::FLUSH_EVERY));
+        let wake = report.dropped && !takes_unlisted_leases(&spec);
+        let mut inv = Call::new(&scripts::REPORT, 2);
+        inv.key(&k.instances)
+            .key(&k.held)
+            .arg(now)
+            .arg(&self.instance)
+            .arg(now + ttl)
+            .arg(&report.lines)
+            .arg(if wake { k.events.as_str() } else { "" });
+        let _purged: i64 = self.eval(&inv, self.timeout).await?;
+        Ok(())
+    }
+
     async fn unbind_remote(
         &self,
         p: &PoolLocal,
@@ -1134,11 +1198,11 @@ impl Inner {
     }
 
     /// `acquire.lua` with the keys and leading arguments all its modes share; `lease` is ARGV[2]
-    /// and `session` the session mode's ninth key.
+    /// and `session` the session mode's last key.
     fn acquire_call(&self, p: &PoolLocal, lease: &str, session: Option<&str>) -> Call {
         let spec = p.spec.load();
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::ACQUIRE, 8 + usize::from(session.is_some()));
+        let mut inv = Call::new(&scripts::ACQUIRE, 10 + usize::from(session.is_some()));
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
@@ -1146,7 +1210,9 @@ impl Inner {
             .key(&k.leases)
             .key(&k.lease_up)
             .key(&k.live)
-            .key(&k.sessions);
+            .key(&k.sessions)
+            .key(&k.instances)
+            .key(&k.held);
         if let Some(key) = session {
             inv.key(&k.session(key));
         }
@@ -1171,7 +1237,7 @@ impl Inner {
             Want::Session { key, .. } => Some(key),
             Want::Any { .. } => None,
         };
-        let mut inv = self.acquire_call(p, &lease.0.to_string(), session);
+        let mut inv = self.acquire_call(p, &lease_arg(lease), session);
         match want {
             Want::Any { exclude } => {
                 inv.arg("any");
@@ -1207,7 +1273,11 @@ impl Inner {
         let mut inv = self.acquire_call(p, "-", None);
         inv.arg("many");
         for l in leases {
-            inv.arg(l.0);
+            if l.0 & UNLISTED_LEASE != 0 {
+                inv.arg("-");
+            } else {
+                inv.arg(l.0);
+            }
         }
         let replies: Vec<String> = self.eval(&inv, self.timeout).await?;
         if replies.len() != leases.len() {
@@ -1237,7 +1307,10 @@ impl Inner {
         let mut restored = false;
 
         loop {
-            let lease = LeaseId(rand::random::<u64>() & !FALLBACK_LEASE);
+            let mut lease = LeaseId(rand::random::<u64>() & !(FALLBACK_LEASE | UNLISTED_LEASE));
+            if takes_unlisted_leases(&p.spec.load()) {
+                lease.0 |= UNLISTED_LEASE;
+            }
             let answer = match want {
                 Want::Any { exclude: [] } => {
                     let sent = p.acquires.send(lease, || {
@@ -1264,11 +1337,17 @@ impl Inner {
                 AcquireReply::Granted {
                     upstream,
                     bound_now,
-                } => Acquired::Granted(Grant {
-                    upstream: UpstreamId::new(upstream),
-                    lease,
-                    bound_now,
-                }),
+                } => {
+                    let upstream = UpstreamId::new(upstream);
+                    if lease.0 & UNLISTED_LEASE != 0 {
+                        locked(&p.held).take(&upstream);
+                    }
+                    Acquired::Granted(Grant {
+                        upstream,
+                        lease,
+                        bound_now,
+                    })
+                }
                 AcquireReply::AtCapacity {
                     earliest_deadline_ms,
                 } => {
@@ -1359,6 +1438,7 @@ impl Store for RedisStore {
                         )),
                         releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, inner.calls.clone())),
                         stats: Mutex::default(),
+                        held: Mutex::default(),
                     });
                     pools.insert(spec.name.clone(), p.clone());
                     p
@@ -1471,7 +1551,8 @@ impl Store for RedisStore {
                 .extend(pool, upstream, LeaseId(lease.0 & !FALLBACK_LEASE))
                 .await;
         }
-        if inner.is_degraded() {
+        // An unlisted lease lives as long as this instance's reports do.
+        if inner.is_degraded() || lease.0 & UNLISTED_LEASE != 0 {
             return Ok(());
         }
         // One command, atomic on its own: only a lease still listed gets the new deadline.
@@ -1632,17 +1713,24 @@ impl Store for RedisStore {
             return inner.fallback.status(pool).await;
         }
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::STATUS, 6);
+        let mut inv = Call::new(&scripts::STATUS, 8);
         inv.key(&k.state)
             .key(&k.members)
             .key(&k.leases)
             .key(&k.lease_up)
             .key(&k.stats)
             .key(&k.sessions)
-            .arg(now_ms());
-        type Reply = (u64, Vec<String>, Vec<String>, Vec<String>, Vec<String>);
-        match inner.eval::<Reply>(&inv, inner.timeout).await {
-            Ok(reply) => Ok(status_from(&p.spec.load(), reply, &locked(&p.stats))),
+            .key(&k.instances)
+            .key(&k.held)
+            .arg(now_ms())
+            .arg(&inner.instance);
+        match inner.eval::<StatusReply>(&inv, inner.timeout).await {
+            Ok(reply) => Ok(status_from(
+                &p.spec.load(),
+                reply,
+                &locked(&p.stats),
+                &locked(&p.held),
+            )),
             Err(Fault::Down(why)) => {
                 inner.degrade(&why);
                 inner.fallback.status(pool).await
@@ -1756,17 +1844,24 @@ impl RedisStore {
     }
 }
 
-/// Assembles `/status` figures from `status.lua`'s snapshot, in the configured member order.
+/// `status.lua`'s snapshot: live sessions, states, scores, the upstream of each listed lease,
+/// statistics, and other instances' reports of unlisted leases.
+type StatusReply = (
+    u64,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+);
+
+/// Assembles `/status` figures from `status.lua`'s snapshot, in the configured member order, with
+/// what this instance has not sent yet: statistics and its own unlisted leases.
 fn status_from(
     spec: &PoolSpec,
-    (sessions_live, state, members, live, stats): (
-        u64,
-        Vec<String>,
-        Vec<String>,
-        Vec<String>,
-        Vec<String>,
-    ),
+    (sessions_live, state, members, live, stats, reports): StatusReply,
     unsent: &stats::Pending,
+    held: &held::Held,
 ) -> PoolStatus {
     let pairs = |flat: Vec<String>| -> Vec<(String, String)> {
         let mut it = flat.into_iter();
@@ -1788,6 +1883,9 @@ fn status_from(
     let mut live_by: HashMap<String, u64> = HashMap::new();
     for up in live {
         *live_by.entry(up).or_default() += 1;
+    }
+    for lines in &reports {
+        held::add_lines(lines, &mut live_by);
     }
     let mut counters: HashMap<String, HashMap<String, u64>> = HashMap::new();
     for (field, v) in pairs(stats) {
@@ -1816,7 +1914,7 @@ fn status_from(
                 .unwrap_or(0.0) as u64;
             super::member_status(
                 id,
-                live_by.get(id.as_str()).copied().unwrap_or(0),
+                live_by.get(id.as_str()).copied().unwrap_or(0) + held.of(id.as_str()),
                 allocations,
                 &outcomes,
                 Duration::from_micros(get("latency_us")),

@@ -18,6 +18,7 @@ macro_rules! script {
 
 script!(ACQUIRE, "acquire.lua");
 script!(RELEASE, "release.lua");
+script!(REPORT, "report.lua");
 script!(SET_MEMBER, "set_member.lua");
 script!(CONFIGURE, "configure.lua");
 script!(UNBIND, "unbind.lua");
