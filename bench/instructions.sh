@@ -8,7 +8,8 @@
 #   bench/instructions.sh --keep DIR           # also keep the callgrind files in DIR
 #   bench/instructions.sh --redis              # the Redis store (a redis-server started here)
 #   bench/instructions.sh --scripts            # redis-server's own, per request, for the scripts
-#   bench/instructions.sh --scripts --stats-every-call   # ... sending statistics with every release
+#   bench/instructions.sh --scripts --listed   # ... with listed leases, as in a pool with a cap
+#   bench/instructions.sh --scripts --listed --stats-every-call   # ... statistics with every release
 #
 # The gateway runs under callgrind (about 50 times slower) on its memory store with the 8 fake
 # upstreams of bench_fixture; a warm-up load runs first, then the counters are zeroed, the
@@ -17,8 +18,9 @@
 # Read a kept file with `callgrind_annotate --inclusive=yes FILE`.
 #
 # --scripts counts redis-server instead, under callgrind, while examples/script_load.rs drives
-# acquire.lua and release.lua as a busy gateway does (batches of 11 acquires and 11 releases, 64
-# leases live, 8 upstreams); a unit is one request (one acquire and one release).
+# acquire.lua as a busy gateway does in a pool without a cap (batches of 11 unlisted leases, 8
+# upstreams; nothing to release); with --listed, as in a pool with a cap, acquire.lua and
+# release.lua (batches of 11 acquires and 11 releases, 64 leases live). A unit is one request.
 #
 # Installs valgrind, wrk and curl with apt-get when they are missing (Debian/Ubuntu; root or sudo).
 set -euo pipefail
@@ -36,8 +38,9 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=${2:?--seconds needs a number}; shift ;;
     --redis) redis=1 ;;
     --scripts) scripts=1 ;;
+    --listed) load_args+=(--listed) ;;
     --stats-every-call) load_args+=(--stats-every-call) ;;
-    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "instructions: unknown option $1" >&2; exit 64 ;;
   esac
   shift

@@ -2,12 +2,14 @@
 //! per request can be counted on its own (`bench/instructions.sh --scripts` runs redis-server
 //! under callgrind around it; the gateway's share is counted by the other modes).
 //!
-//! A pool of `--upstreams` members is declared (least-used, no cap) and topped up to `--live`
-//! leases; then each round acquires `--batch` leases in one call (the `many` mode a gateway uses
-//! for the plain acquires that queued while its last call was under way) and releases the oldest
-//! `--batch` in one call, without statistics (a gateway sends those about once a second). Each run
-//! picks up the leases the previous one left, so a warm-up run and a measured run see the same
-//! steady state. Loopback only: it connects to 127.0.0.1:`--port`.
+//! A pool of `--upstreams` members is declared (least-used, no cap); then each round acquires
+//! `--batch` unlisted leases in one call (the `many` mode a gateway uses for the plain acquires
+//! that queued while its last call was under way), which is all a gateway sends per request in a
+//! pool without a cap. With `--listed`, as in a pool with a cap, the pool is topped up to `--live`
+//! listed leases first, and each round also releases the oldest `--batch` in one call, without
+//! statistics (a gateway sends those about once a second); each run picks up the leases the
+//! previous one left, so a warm-up run and a measured run see the same steady state. Loopback
+//! only: it connects to 127.0.0.1:`--port`.
 
 use clap::Parser;
 use redis::Script;
@@ -31,7 +33,11 @@ struct Args {
     rounds: usize,
     #[arg(long, default_value_t = 8)]
     upstreams: usize,
-    /// Send every release call's statistics with it (one outcome count, the latency sum and the
+    /// Lease and release listed leases, as gateways do in a pool with a cap (and did in every
+    /// pool before unlisted leases).
+    #[arg(long)]
+    listed: bool,
+    /// With `--listed`, send every release call's statistics with it (one outcome count, the latency sum and the
     /// latency count per upstream of the batch), as gateways did before they sent them once a
     /// second.
     #[arg(long)]
@@ -50,17 +56,27 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Acquires `n` leases with ids from `next`; returns their ids and upstreams.
+/// Acquires `n` leases with ids from `next` (unlisted ones with `next` = `None`); returns their
+/// ids and upstreams.
 async fn acquire(
     c: &mut MultiplexedConnection,
     script: &Script,
-    next: &mut u64,
+    next: Option<&mut u64>,
     n: usize,
 ) -> Result<Vec<(u64, String)>, BoxError> {
     let now = now_ms();
     let mut inv = script.prepare_invoke();
     for k in [
-        "meta", "state", "members", "order", "leases", "lease_up", "live", "sessions",
+        "meta",
+        "state",
+        "members",
+        "order",
+        "leases",
+        "lease_up",
+        "live",
+        "sessions",
+        "instances",
+        "held",
     ] {
         inv.key(key(k));
     }
@@ -71,10 +87,19 @@ async fn acquire(
         .arg("least-used")
         .arg(key("events"))
         .arg("many");
-    let ids: Vec<u64> = (0..n as u64).map(|i| *next + i).collect();
-    *next += n as u64;
+    let ids: Vec<u64> = match next {
+        Some(next) => {
+            let ids = (0..n as u64).map(|i| *next + i).collect();
+            *next += n as u64;
+            ids
+        }
+        None => vec![0; n],
+    };
     for id in &ids {
-        inv.arg(*id);
+        match id {
+            0 => inv.arg("-"),
+            id => inv.arg(*id),
+        };
     }
     let replies: Vec<String> = inv.invoke_async(c).await?;
     ids.into_iter()
@@ -139,6 +164,14 @@ async fn main() -> Result<(), BoxError> {
     }
     let _: i64 = inv.invoke_async(&mut c).await?;
 
+    if !args.listed {
+        for _ in 0..args.rounds {
+            acquire(&mut c, &acquire_lua, None, args.batch).await?;
+        }
+        println!("requests={}", args.rounds * args.batch);
+        return Ok(());
+    }
+
     // The leases a previous run left, oldest first (not the encoding pin, whose score is +inf).
     let left: Vec<u64> = redis::cmd("ZRANGEBYSCORE")
         .arg(key("leases"))
@@ -163,10 +196,10 @@ async fn main() -> Result<(), BoxError> {
         .collect();
     if live.len() < args.live {
         let more = args.live - live.len();
-        live.extend(acquire(&mut c, &acquire_lua, &mut next, more).await?);
+        live.extend(acquire(&mut c, &acquire_lua, Some(&mut next), more).await?);
     }
     for _ in 0..args.rounds {
-        live.extend(acquire(&mut c, &acquire_lua, &mut next, args.batch).await?);
+        live.extend(acquire(&mut c, &acquire_lua, Some(&mut next), args.batch).await?);
         let oldest: Vec<(u64, String)> = live.drain(..args.batch.min(live.len())).collect();
         release(&mut c, &release_lua, &oldest, args.stats_every_call).await?;
     }
