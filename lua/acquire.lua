@@ -111,6 +111,7 @@ local PURGE_MAX = '1000'
 -- An index range for ZRANGE as strings (see above: no float formatting).
 local function range(first, count)
   if first == 0 and count == CHUNK then return '0', '63' end
+  if first == 0 and count == 1 then return '0', '0' end
   return string.format('%d', first), string.format('%d', first + count - 1)
 end
 
@@ -402,12 +403,20 @@ local function many_least_used()
       replies[i] = in_use()
     else
       local saw = false
-      local chosen = each_member(KEYS[3], function(up, m)
-        saw = true
-        if not at_cap(up) then return {up, m} end
-      end, chunk)
-      if chosen then
-        local up, m = chosen[1], chosen[2]
+      local up, m
+      if cap == 0 then
+        -- No cap: the lowest score wins outright (the walk below covers a member with no state).
+        up = redis.call('ZRANGE', KEYS[3], '0', '0')[1]
+        m = up and state_of(up)
+      end
+      if not m then
+        local chosen = each_member(KEYS[3], function(u, s)
+          saw = true
+          if not at_cap(u) then return {u, s} end
+        end, chunk)
+        if chosen then up, m = chosen[1], chosen[2] end
+      end
+      if m then
         count_allocation(up, m)
         if recorded then
           claimed[id] = true
@@ -417,7 +426,7 @@ local function many_least_used()
           deadline_pairs[#deadline_pairs + 1] = deadline_s
           deadline_pairs[#deadline_pairs + 1] = id
         end
-        replies[i] = {'granted', up, '0'}
+        replies[i] = 'granted 0 ' .. up
       elseif saw then
         -- Every member is at its cap: the earliest deadline, this batch's grants included.
         local reply = cap_reply()
@@ -442,7 +451,7 @@ end
 
 -- A reply of the many mode as one string (an error stays an error).
 local function line(reply)
-  if reply.err then return reply end
+  if type(reply) == 'string' or reply.err then return reply end
   if reply[1] == 'granted' then
     return 'granted ' .. reply[3] .. ' ' .. reply[2]
   end
