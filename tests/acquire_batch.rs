@@ -186,6 +186,14 @@ async fn add_reports(c: &mut MultiplexedConnection, tag: &str, reports: &[Report
     }
 }
 
+async fn connect(redis: &RedisServer) -> MultiplexedConnection {
+    redis::Client::open(redis.url())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
+}
+
 /// Runs `ids` as one batch and as single acquires on two copies of `members`; asserts that
 /// replies and state agree, and returns the replies.
 async fn same_as_single_runs(
@@ -208,11 +216,7 @@ async fn same_as_single_runs_with(
     strategy: &str,
 ) -> Vec<String> {
     let redis = RedisServer::start().await;
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut c = connect(&redis).await;
     let script = redis::Script::new(SCRIPT);
     for tag in ["batch", "single"] {
         setup(&mut c, tag, members, taken).await;
@@ -379,11 +383,7 @@ async fn unlisted_leases_count_their_allocations_and_record_nothing() {
     let replies = same_as_single_runs(&members, &[], &ids, 0, "least-used").await;
     assert!(replies.iter().all(|r| r.contains("granted")), "{replies:?}");
     let redis = RedisServer::start().await;
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut c = connect(&redis).await;
     setup(&mut c, "one", &members, &[]).await;
     let script = redis::Script::new(SCRIPT);
     let mut inv = invocation(&script, "one", "-", 0, "least-used", "many");

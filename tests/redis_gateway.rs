@@ -430,32 +430,14 @@ async fn unlisted_leases_show_on_every_instance_and_lapse_with_their_gateway() {
     }
     assert_eq!(leases_live(&a).await, 3, "A counts its own at once");
     assert_eq!(leases_in_redis(&redis), "0", "none is listed");
-    let seen = Instant::now();
-    let mut on_b = 0;
-    for _ in 0..100 {
-        on_b = leases_live(&b).await;
-        if on_b == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let seen = seen.elapsed();
+    let (on_b, seen) = wait_leases_live(&b, 3, Duration::from_secs(5)).await;
     assert_eq!(on_b, 3, "B counts A's tunnels after {seen:?}");
     // Held past the report's deadline, they still count: A renews its report every second.
     tokio::time::sleep(Duration::from_millis(3500)).await;
     assert_eq!(leases_live(&b).await, 3, "A's report renewed");
 
     a.signal("KILL");
-    let killed = Instant::now();
-    let mut left = 3;
-    for _ in 0..200 {
-        left = leases_live(&b).await;
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let lapsed = killed.elapsed();
+    let (left, lapsed) = wait_leases_live(&b, 0, Duration::from_secs(10)).await;
     eprintln!("unlisted leases: seen on B after {seen:?}; lapsed {lapsed:?} after A was killed");
     assert_eq!(left, 0, "A's count lapsed");
     assert!(lapsed < Duration::from_secs(5), "lapsed after {lapsed:?}");
@@ -806,6 +788,19 @@ async fn outage_under_load(pool: &str) {
     common::wait_until_async(|| async { leases() == "0" }, Duration::from_secs(5)).await;
     assert_eq!(leases(), "0", "no lease leaked");
     assert_eq!(leases_live(&gw).await, 0, "/status counts no live lease");
+}
+
+/// Polls `/status` every 50 ms until it counts `want` live leases, or `limit` has passed; returns
+/// the last count and how long it took.
+async fn wait_leases_live(gw: &GatewayProcess, want: u64, limit: Duration) -> (u64, Duration) {
+    let started = Instant::now();
+    loop {
+        let n = leases_live(gw).await;
+        if n == want || started.elapsed() >= limit {
+            return (n, started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The live leases `/status` counts over the default pool's upstreams.

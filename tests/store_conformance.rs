@@ -966,7 +966,6 @@ async fn redis_unlisted_leases_are_released_without_a_call_and_reported_to_other
     );
     let c = backend.clients(2, &spec).await;
     let evalsha = || server.command_calls()["evalsha"];
-    let live = |st: &PoolStatus| st.members.iter().map(|m| m.leases_live).sum::<u64>();
     let mut grants = Vec::new();
     for _ in 0..6 {
         grants.push(granted(c[0].acquire(&spec.name, ANY).await.unwrap()));
@@ -979,14 +978,7 @@ async fn redis_unlisted_leases_are_released_without_a_call_and_reported_to_other
         "1",
         "only the encoding pin is listed"
     );
-    let mut seen = 0;
-    for _ in 0..60 {
-        seen = live(&c[1].status(&spec.name).await.unwrap());
-        if seen == 6 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let seen = wait_live(&c[1], &spec.name, 6).await;
     assert_eq!(seen, 6, "the other instance counts them within 3 s");
 
     let before = evalsha();
@@ -1002,13 +994,24 @@ async fn redis_unlisted_leases_are_released_without_a_call_and_reported_to_other
     assert_eq!(live(&own), 0);
     let ok: u64 = own.members.iter().map(|m| m.outcomes["ok"]).sum();
     assert_eq!(ok, 6, "its own status counts the outcomes not yet sent");
-    for _ in 0..60 {
-        seen = live(&c[1].status(&spec.name).await.unwrap());
-        if seen == 0 {
-            break;
+    let seen = wait_live(&c[1], &spec.name, 0).await;
+    assert_eq!(seen, 0, "the other instance sees them end within 3 s");
+    assert_healthy(&c);
+}
+
+fn live(st: &PoolStatus) -> u64 {
+    st.members.iter().map(|m| m.leases_live).sum()
+}
+
+/// Polls `store`'s status every 50 ms, for at most 3 s, until it counts `want` live leases;
+/// returns the last count.
+async fn wait_live(store: &AnyStore, pool: &str, want: u64) -> u64 {
+    let started = Instant::now();
+    loop {
+        let n = live(&store.status(pool).await.unwrap());
+        if n == want || started.elapsed() >= Duration::from_secs(3) {
+            return n;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(seen, 0, "the other instance sees them end within 3 s");
-    assert_healthy(&c);
 }
