@@ -28,12 +28,12 @@
 -- ARGV[7]  mode: any | many | session
 --   any:     ARGV[8..]  upstreams to exclude (already tried)
 --   many:    ARGV[8..]  lease ids or "-" (ARGV[2] is ignored): one plain acquire per id, in
---                       order, as if each were its own run; the reply is the list of their replies, each as one
---                       string: "granted <bound_now> <upstream>", "cap <ms>", "none" or
---                       "unconfigured" (a flat list of strings costs the client a fraction of a
---                       list of lists to parse). A gateway sends the plain acquires that queued up
---                       while its last call was under way this way, so Redis pays the per-call
---                       cost once for all of them.
+--                       order, as if each were its own run; the reply is the list of their
+--                       replies, each as one string: "granted <bound_now> <upstream>",
+--                       "cap <ms>", "none" or "unconfigured" (a flat list of strings costs the
+--                       client a fraction of a list of lists to parse). A gateway sends the plain
+--                       acquires that queued up while its last call was under way this way, so
+--                       Redis pays the per-call cost once for all of them.
 --   session: ARGV[8] session TTL (ms)  ARGV[9] rebind (0|1)  ARGV[10] session key
 --            ARGV[11..] preferred upstreams, in consistent-hash order
 --
@@ -111,7 +111,6 @@ local PURGE_MAX = '1000'
 -- An index range for ZRANGE as strings (see above: no float formatting).
 local function range(first, count)
   if first == 0 and count == CHUNK then return '0', '63' end
-  if first == 0 and count == 1 then return '0', '0' end
   return string.format('%d', first), string.format('%d', first + count - 1)
 end
 
@@ -273,14 +272,13 @@ end
 -- A plain acquire of `lease` by the pool's strategy, skipping `exclude`.
 local exclude = {}
 
--- Calls visit(upstream, state) for the members of `zset`, in its order, read `chunk` (default
--- CHUNK) at a time, that are not excluded and have a state, until visit returns a reply, which is
--- returned (nil when none did).
-local function each_member(zset, visit, chunk)
-  chunk = chunk or CHUNK
+-- Calls visit(upstream, state) for the members of `zset`, in its order, read CHUNK at a time,
+-- that are not excluded and have a state, until visit returns a reply, which is returned (nil
+-- when none did).
+local function each_member(zset, visit)
   local start = 0
   while true do
-    local lo, hi = range(start, chunk)
+    local lo, hi = range(start, CHUNK)
     local batch = redis.call('ZRANGE', zset, lo, hi)
     if #batch == 0 then return nil end
     for _, up in ipairs(batch) do
@@ -292,7 +290,7 @@ local function each_member(zset, visit, chunk)
         end
       end
     end
-    start = start + chunk
+    start = start + CHUNK
   end
 end
 
@@ -374,12 +372,12 @@ local function pick()
 end
 
 -- The acquires of a `many` batch under least-used / weighted. Each is decided in order, as a run
--- of its own would decide it: the members ZSET is walked from its lowest score (one member per
--- read when there is no cap) and the chosen member's score is raised at once, so the next acquire
--- sees it. What no later acquire of the batch reads goes out once for the whole batch: the lease
--- ids are checked with one HMGET and claimed with one HSET, their deadlines added with one ZADD,
--- and the live counts raised with one HINCRBY per member (while the batch runs, `live` adds the
--- batch's grants, kept in `pending`, to what Redis holds).
+-- of its own would decide it: the members ZSET is walked from its lowest score (without a cap
+-- only its first member is read) and the chosen member's score is raised at once, so the next
+-- acquire sees it. What no later acquire of the batch reads goes out once for the whole batch:
+-- the lease ids are checked with one HMGET and claimed with one HSET, their deadlines added with
+-- one ZADD, and the live counts raised with one HINCRBY per member (while the batch runs, `live`
+-- adds the batch's grants, kept in `pending`, to what Redis holds).
 local function many_least_used()
   local first = 8
   local ids = {}
@@ -394,7 +392,6 @@ local function many_least_used()
     end
   end
   local lease_pairs, deadline_pairs = {}, {}
-  local chunk = cap == 0 and 1 or CHUNK
   local replies = {}
   for i = 1, #ARGV - first + 1 do
     local id = ARGV[first + i - 1]
@@ -413,7 +410,7 @@ local function many_least_used()
         local chosen = each_member(KEYS[3], function(u, s)
           saw = true
           if not at_cap(u) then return {u, s} end
-        end, chunk)
+        end)
         if chosen then up, m = chosen[1], chosen[2] end
       end
       if m then

@@ -20,9 +20,11 @@ local me = ARGV[2]
 if #KEYS < 8 or not now or not me then
   return redis.error_reply('ERR status: bad arguments')
 end
-local sessions = redis.call('ZCOUNT', KEYS[6], '(' .. string.format('%.0f', now), '+inf')
+-- Strictly after now.
+local after_now = '(' .. string.format('%.0f', now)
+local sessions = redis.call('ZCOUNT', KEYS[6], after_now, '+inf')
 -- '(+inf': not the encoding pin (see configure.lua).
-local live_ids = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. string.format('%.0f', now), '(+inf')
+local live_ids = redis.call('ZRANGEBYSCORE', KEYS[3], after_now, '(+inf')
 local live = {}
 if #live_ids > 0 then
   for _, up in ipairs(redis.call('HMGET', KEYS[4], unpack(live_ids))) do
@@ -32,7 +34,7 @@ if #live_ids > 0 then
   end
 end
 local reports = {}
-local alive = redis.call('ZRANGEBYSCORE', KEYS[7], '(' .. string.format('%.0f', now), '+inf')
+local alive = redis.call('ZRANGEBYSCORE', KEYS[7], after_now, '+inf')
 for _, instance in ipairs(alive) do
   local lines = instance ~= me and redis.call('HGET', KEYS[8], instance)
   if lines then

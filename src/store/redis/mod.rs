@@ -429,12 +429,12 @@ fn takes_unlisted_leases(spec: &PoolSpec) -> bool {
     spec.max_concurrency.is_none() && spec.strategy != Strategy::LeastConnections
 }
 
-/// A lease id as `acquire.lua` takes it: `-` asks for an unlisted lease.
-fn lease_arg(lease: LeaseId) -> String {
+/// Adds a lease id as `acquire.lua` takes it: `-` asks for an unlisted lease.
+fn lease_arg(inv: &mut Call, lease: LeaseId) {
     if lease.0 & UNLISTED_LEASE != 0 {
-        "-".to_string()
+        inv.arg("-");
     } else {
-        lease.0.to_string()
+        inv.arg(lease.0);
     }
 }
 
@@ -772,10 +772,11 @@ impl Inner {
                 self.calls.spawn(async move {
                     match inner.report_remote(&p, &report).await {
                         Ok(()) => locked(&p.held).reported(report),
-                        Err(Fault::Down(_)) => locked(&p.held).unsure(),
-                        Err(Fault::Broken(why)) => {
+                        Err(fault) => {
                             locked(&p.held).unsure();
-                            tracing::warn!(error = %why, "redis refused the report of unlisted leases");
+                            if let Fault::Broken(why) = fault {
+                                tracing::warn!(error = %why, "redis refused the report of unlisted leases");
+                            }
                         }
                     }
                 });
@@ -1198,8 +1199,8 @@ impl Inner {
     }
 
     /// `acquire.lua` with the keys and leading arguments all its modes share; `lease` is ARGV[2]
-    /// and `session` the session mode's last key.
-    fn acquire_call(&self, p: &PoolLocal, lease: &str, session: Option<&str>) -> Call {
+    /// (`None` for the many mode, which ignores it) and `session` the session mode's last key.
+    fn acquire_call(&self, p: &PoolLocal, lease: Option<LeaseId>, session: Option<&str>) -> Call {
         let spec = p.spec.load();
         let k = &p.keys;
         let mut inv = Call::new(&scripts::ACQUIRE, 10 + usize::from(session.is_some()));
@@ -1217,9 +1218,14 @@ impl Inner {
             inv.key(&k.session(key));
         }
         let now = now_ms();
-        inv.arg(now)
-            .arg(lease)
-            .arg(now + millis(spec.lease_ttl).max(1))
+        inv.arg(now);
+        match lease {
+            Some(lease) => lease_arg(&mut inv, lease),
+            None => {
+                inv.arg("-");
+            }
+        }
+        inv.arg(now + millis(spec.lease_ttl).max(1))
             .arg(spec.max_concurrency.unwrap_or(0))
             .arg(strategy_arg(spec.strategy))
             .arg(&k.events);
@@ -1237,7 +1243,7 @@ impl Inner {
             Want::Session { key, .. } => Some(key),
             Want::Any { .. } => None,
         };
-        let mut inv = self.acquire_call(p, &lease_arg(lease), session);
+        let mut inv = self.acquire_call(p, Some(lease), session);
         match want {
             Want::Any { exclude } => {
                 inv.arg("any");
@@ -1270,14 +1276,10 @@ impl Inner {
         p: &PoolLocal,
         leases: &[LeaseId],
     ) -> Result<Vec<AcquireReply>, Fault> {
-        let mut inv = self.acquire_call(p, "-", None);
+        let mut inv = self.acquire_call(p, None, None);
         inv.arg("many");
         for l in leases {
-            if l.0 & UNLISTED_LEASE != 0 {
-                inv.arg("-");
-            } else {
-                inv.arg(l.0);
-            }
+            lease_arg(&mut inv, *l);
         }
         let replies: Vec<String> = self.eval(&inv, self.timeout).await?;
         if replies.len() != leases.len() {
