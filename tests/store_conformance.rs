@@ -1015,3 +1015,102 @@ async fn wait_live(store: &AnyStore, pool: &str, want: u64) -> u64 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Runs `n` plain acquires at once on `store` and returns their grants.
+async fn acquire_together(store: &Arc<AnyStore>, pool: &str, n: usize) -> Vec<Grant> {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (s, pool) = (store.clone(), pool.to_string());
+        set.spawn(async move { granted(s.acquire(&pool, ANY).await.unwrap()) });
+    }
+    let mut grants = Vec::new();
+    while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
+        .await
+        .expect("acquires answered")
+    {
+        grants.push(r.unwrap());
+    }
+    grants
+}
+
+/// In a pool whose leases are unlisted, acquires that queue up for a call make it take grants for
+/// the requests that follow: those are served without a call of their own. One request at a time
+/// never forms that stock (every allocation is counted when it is used), every grant in the stock
+/// was picked least-used like the others, and a member taken out of service is never granted
+/// from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unlisted_pools_under_load_serve_grants_taken_ahead() {
+    let server = RedisServer::start().await;
+    let backend = Backend::Redis(server.url());
+    let (spec, m) = spec(
+        "stock",
+        4,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(60),
+    );
+    let c = backend.clients(1, &spec).await;
+    let evalsha = || server.command_calls()["evalsha"];
+    let total = |a: HashMap<String, u64>| a.values().sum::<u64>();
+
+    let before = evalsha();
+    for _ in 0..20 {
+        granted(c[0].acquire(&spec.name, ANY).await.unwrap());
+    }
+    let calls = evalsha() - before;
+    assert!(
+        (20..=22).contains(&calls),
+        "{calls} calls: one per lone acquire, and the report once a second"
+    );
+    assert_eq!(
+        total(allocations(&c[0], &spec.name).await),
+        20,
+        "nothing taken ahead"
+    );
+
+    let before = evalsha();
+    let burst = acquire_together(&c[0], &spec.name, 60).await;
+    let calls = evalsha() - before;
+    assert!(calls < 30, "60 acquires at once took {calls} calls");
+    let before = evalsha();
+    let mut next = Vec::new();
+    for _ in 0..10 {
+        next.push(granted(c[0].acquire(&spec.name, ANY).await.unwrap()));
+    }
+    let calls = evalsha() - before;
+    assert!(
+        calls <= 4,
+        "the 10 acquires that followed took {calls} calls: the stock serves them"
+    );
+    let counted = total(allocations(&c[0], &spec.name).await);
+    assert!(
+        (20 + 70..=20 + 70 + 64).contains(&counted),
+        "{counted} allocations: the 90 used and at most a stock of 64 more"
+    );
+    let a = allocations(&c[0], &spec.name).await;
+    let (lo, hi) = (a.values().min().unwrap(), a.values().max().unwrap());
+    assert!(hi - lo <= 1, "grants taken ahead are least-used too: {a:?}");
+    assert_eq!(burst.len() + next.len(), 70);
+
+    let out = MemberState {
+        eligible: false,
+        keeps_sessions: false,
+        cost: 1,
+    };
+    c[0].set_member(&spec.name, &m[0], out).await.unwrap();
+    let mut after = acquire_together(&c[0], &spec.name, 40).await;
+    for _ in 0..10 {
+        after.push(granted(c[0].acquire(&spec.name, ANY).await.unwrap()));
+    }
+    assert!(
+        after.iter().all(|g| g.upstream != m[0]),
+        "a member out of service is not granted from the stock"
+    );
+    let st = c[0].status(&spec.name).await.unwrap();
+    assert_eq!(
+        live(&st),
+        20 + 70 + 50,
+        "every grant is a live lease: {st:?}"
+    );
+    assert_healthy(&c);
+}

@@ -31,6 +31,7 @@ mod held;
 mod keys;
 mod scripts;
 mod stats;
+mod stock;
 
 pub use keys::{DEFAULT_KEY_PREFIX, Target, parse_target, redact};
 
@@ -273,12 +274,14 @@ struct PoolLocal {
     /// one was sent and whether it found the pool full. See [`RedisStore::acquire`].
     probe: tokio::sync::Mutex<Option<(u64, bool)>>,
     /// Plain acquires and releases waiting for the call that will carry them.
-    acquires: Arc<Batcher<LeaseId, AcquireReply>>,
+    acquires: Arc<Batcher<AcquireItem, AcquireReply>>,
     releases: Arc<Batcher<Release, ()>>,
     /// Exchange statistics waiting for a call (see `stats.rs`).
     stats: Mutex<stats::Pending>,
     /// This instance's unlisted leases (see `held.rs`).
     held: Mutex<held::Held>,
+    /// Grants taken ahead of need (see `stock.rs`).
+    stock: Mutex<stock::Stock>,
 }
 
 /// One lease to end, and what its exchange recorded.
@@ -308,6 +311,7 @@ impl Release {
 impl PoolLocal {
     /// Capacity may have appeared: move the epoch, then wake every waiting request.
     fn wake(&self) {
+        locked(&self.stock).clear();
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_waiters();
     }
@@ -427,6 +431,27 @@ fn millis(d: Duration) -> u64 {
 /// record of a pool without a cap unless it allocates by least-connections.
 fn takes_unlisted_leases(spec: &PoolSpec) -> bool {
     spec.max_concurrency.is_none() && spec.strategy != Strategy::LeastConnections
+}
+
+/// What waits for an acquire call: a request's lease, or a refill of the stock.
+#[derive(Debug, Clone, Copy)]
+enum AcquireItem {
+    Lease(LeaseId),
+    Refill,
+}
+
+type AcquireCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<AcquireReply>, Fault>> + Send>>;
+
+/// What sends a batch of plain acquires of pool `p`.
+fn acquire_sender(
+    inner: &Arc<Inner>,
+    p: &Arc<PoolLocal>,
+) -> impl FnMut(Vec<AcquireItem>) -> AcquireCall + Send + 'static {
+    let (inner, p) = (inner.clone(), p.clone());
+    move |items| {
+        let (inner, p) = (inner.clone(), p.clone());
+        Box::pin(async move { inner.acquire_many(&p, &items).await })
+    }
 }
 
 /// Adds a lease id as `acquire.lua` takes it: `-` asks for an unlisted lease.
@@ -1270,29 +1295,106 @@ impl Inner {
         AcquireReply::parse(reply).map_err(Fault::Broken)
     }
 
-    /// Plain acquires, one per lease id, in one call (`many` mode).
+    /// Plain acquires, one per waiting lease id, in one call (`many` mode); in a pool whose
+    /// leases are unlisted the call also takes grants for the stock when it is due (see
+    /// `stock.rs`). A refill item's reply is a placeholder: nobody waits for it.
     async fn acquire_many(
         &self,
         p: &PoolLocal,
-        leases: &[LeaseId],
+        items: &[AcquireItem],
     ) -> Result<Vec<AcquireReply>, Fault> {
+        let waiting = items
+            .iter()
+            .filter(|i| matches!(i, AcquireItem::Lease(_)))
+            .count();
+        let refill = waiting < items.len();
+        let extra = if takes_unlisted_leases(&p.spec.load()) {
+            let mut stock = locked(&p.stock);
+            stock.note_waiting(waiting);
+            if refill || stock.start_refill() {
+                stock.refill_size()
+            } else {
+                0
+            }
+        } else {
+            0
+        };
+        let stocking = refill || extra > 0;
         let mut inv = self.acquire_call(p, None, None);
         inv.arg("many");
-        for l in leases {
-            lease_arg(&mut inv, *l);
+        for i in items {
+            if let AcquireItem::Lease(l) = i {
+                lease_arg(&mut inv, *l);
+            }
         }
-        let replies: Vec<String> = self.eval(&inv, self.timeout).await?;
-        if replies.len() != leases.len() {
-            return Err(Fault::Broken(format!(
-                "acquire: {} replies for {} leases",
-                replies.len(),
-                leases.len()
-            )));
+        for _ in 0..extra {
+            inv.arg("-");
         }
-        replies
-            .into_iter()
-            .map(|r| AcquireReply::parse_line(&r).map_err(Fault::Broken))
-            .collect()
+        let replies: Result<Vec<String>, Fault> = self.eval(&inv, self.timeout).await;
+        let replies = match replies {
+            Ok(r) if r.len() == waiting + extra => r,
+            Ok(r) => {
+                if stocking {
+                    locked(&p.stock).refill_failed();
+                }
+                return Err(Fault::Broken(format!(
+                    "acquire: {} replies for {} leases",
+                    r.len(),
+                    waiting + extra
+                )));
+            }
+            Err(f) => {
+                if stocking {
+                    locked(&p.stock).refill_failed();
+                }
+                return Err(f);
+            }
+        };
+        let mut replies = replies.into_iter();
+        let mut out = Vec::with_capacity(items.len());
+        for i in items {
+            out.push(match i {
+                AcquireItem::Lease(_) => match replies.next() {
+                    Some(r) => AcquireReply::parse_line(&r).map_err(Fault::Broken)?,
+                    None => return Err(Fault::Broken("acquire: a reply is short".into())),
+                },
+                AcquireItem::Refill => AcquireReply::NoCandidates,
+            });
+        }
+        if stocking {
+            let mut grants = Vec::with_capacity(extra);
+            for r in replies {
+                if let AcquireReply::Granted { upstream, .. } =
+                    AcquireReply::parse_line(&r).map_err(Fault::Broken)?
+                {
+                    grants.push(UpstreamId::new(upstream));
+                }
+            }
+            locked(&p.stock).fill(grants, tokio::time::Instant::now());
+        }
+        Ok(out)
+    }
+
+    /// A grant from the stock, when the pool keeps one and it holds a fresh grant; posts a
+    /// refill when half of it is used.
+    fn from_stock(self: &Arc<Self>, p: &Arc<PoolLocal>) -> Option<Grant> {
+        let (got, refill) = {
+            let mut stock = locked(&p.stock);
+            let got = stock.take(tokio::time::Instant::now());
+            (got, stock.start_refill())
+        };
+        if refill {
+            p.acquires
+                .post(AcquireItem::Refill, || acquire_sender(self, p));
+        }
+        let upstream = got?;
+        locked(&p.held).take(&upstream);
+        let lease = LeaseId(rand::random::<u64>() & !FALLBACK_LEASE | UNLISTED_LEASE);
+        Some(Grant {
+            upstream,
+            lease,
+            bound_now: false,
+        })
     }
 
     /// One acquire in Redis (or in the local view while degraded).
@@ -1306,23 +1408,24 @@ impl Inner {
         if inner.is_degraded() {
             return inner.fallback_acquire(pool, want).await;
         }
+        let unlisted = takes_unlisted_leases(&p.spec.load());
+        if unlisted && matches!(want, Want::Any { exclude: [] }) {
+            if let Some(grant) = inner.from_stock(p) {
+                return Ok(Acquired::Granted(grant));
+            }
+        }
         let mut restored = false;
 
         loop {
             let mut lease = LeaseId(rand::random::<u64>() & !(FALLBACK_LEASE | UNLISTED_LEASE));
-            if takes_unlisted_leases(&p.spec.load()) {
+            if unlisted {
                 lease.0 |= UNLISTED_LEASE;
             }
             let answer = match want {
                 Want::Any { exclude: [] } => {
-                    let sent = p.acquires.send(lease, || {
-                        let (i, q) = (inner.clone(), p.clone());
-                        move |leases| {
-                            let (inner, p) = (i.clone(), q.clone());
-                            async move { inner.acquire_many(&p, &leases).await }
-                        }
-                    });
-                    sent.await
+                    p.acquires
+                        .send(AcquireItem::Lease(lease), || acquire_sender(inner, p))
+                        .await
                 }
                 _ => inner.acquire_one(p, lease, want).await,
             };
@@ -1441,6 +1544,7 @@ impl Store for RedisStore {
                         releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, inner.calls.clone())),
                         stats: Mutex::default(),
                         held: Mutex::default(),
+                        stock: Mutex::default(),
                     });
                     pools.insert(spec.name.clone(), p.clone());
                     p
@@ -1583,6 +1687,7 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         let inner = &self.inner;
         let p = inner.pool(pool)?;
+        locked(&p.stock).clear();
         locked(&p.applied).insert(upstream.clone(), state);
         inner.fallback.set_member(pool, upstream, state).await?;
         let deferred = || Deferred::Member {
