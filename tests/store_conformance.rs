@@ -139,6 +139,23 @@ async fn allocations(s: &AnyStore, pool: &str) -> HashMap<String, u64> {
         .collect()
 }
 
+/// Runs `n` plain acquires at once on `store` and returns their grants.
+async fn acquire_together(store: &Arc<AnyStore>, pool: &str, n: usize) -> Vec<Grant> {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (s, pool) = (store.clone(), pool.to_string());
+        set.spawn(async move { granted(s.acquire(&pool, ANY).await.unwrap()) });
+    }
+    let mut grants = Vec::new();
+    while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
+        .await
+        .expect("acquires answered")
+    {
+        grants.push(r.unwrap());
+    }
+    grants
+}
+
 /// Acquires, waiting (bounded) for capacity like the request path does.
 async fn acquire_waiting(s: &AnyStore, pool: &str, want: Want<'_>) -> Grant {
     let signal = s.release_signal(pool);
@@ -907,18 +924,7 @@ async fn redis_acquires_and_releases_arriving_together_share_calls() {
     let evalsha = || server.command_calls()["evalsha"];
 
     let before = evalsha();
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..120 {
-        let (s, pool) = (c[0].clone(), spec.name.clone());
-        set.spawn(async move { granted(s.acquire(&pool, ANY).await.unwrap()) });
-    }
-    let mut grants = Vec::new();
-    while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
-        .await
-        .expect("acquires answered")
-    {
-        grants.push(r.unwrap());
-    }
+    let grants = acquire_together(&c[0], &spec.name, 120).await;
     let calls = evalsha() - before;
     assert!((1..=20).contains(&calls), "120 acquires took {calls} calls");
     let leases: std::collections::HashSet<_> = grants.iter().map(|g| g.lease).collect();
@@ -1014,23 +1020,6 @@ async fn wait_live(store: &AnyStore, pool: &str, want: u64) -> u64 {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Runs `n` plain acquires at once on `store` and returns their grants.
-async fn acquire_together(store: &Arc<AnyStore>, pool: &str, n: usize) -> Vec<Grant> {
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..n {
-        let (s, pool) = (store.clone(), pool.to_string());
-        set.spawn(async move { granted(s.acquire(&pool, ANY).await.unwrap()) });
-    }
-    let mut grants = Vec::new();
-    while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
-        .await
-        .expect("acquires answered")
-    {
-        grants.push(r.unwrap());
-    }
-    grants
 }
 
 /// In a pool whose leases are unlisted, acquires that queue up for a call make it take grants for
