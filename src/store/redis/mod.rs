@@ -454,6 +454,38 @@ fn acquire_sender(
     }
 }
 
+/// The `many` mode's reply lines as each item's answer (a refill's is a placeholder nobody
+/// reads), and the upstreams of the grants taken for the stock, which follow them.
+fn split_replies(
+    items: &[AcquireItem],
+    expected: usize,
+    replies: Vec<String>,
+) -> Result<(Vec<AcquireReply>, Vec<UpstreamId>), Fault> {
+    if replies.len() != expected {
+        return Err(Fault::Broken(format!(
+            "acquire: {} replies for {expected} leases",
+            replies.len()
+        )));
+    }
+    let parse = |r: &str| AcquireReply::parse_line(r).map_err(Fault::Broken);
+    let mut replies = replies.iter();
+    let mut out = Vec::with_capacity(items.len());
+    for i in items {
+        out.push(match i {
+            // The count was checked above: a missing line cannot happen, and would not parse.
+            AcquireItem::Lease(_) => parse(replies.next().map_or("", String::as_str))?,
+            AcquireItem::Refill => AcquireReply::NoCandidates,
+        });
+    }
+    let mut grants = Vec::new();
+    for r in replies {
+        if let AcquireReply::Granted { upstream, .. } = parse(r)? {
+            grants.push(UpstreamId::new(upstream));
+        }
+    }
+    Ok((out, grants))
+}
+
 /// Adds a lease id as `acquire.lua` takes it: `-` asks for an unlisted lease.
 fn lease_arg(inv: &mut Call, lease: LeaseId) {
     if lease.0 & UNLISTED_LEASE != 0 {
@@ -1331,48 +1363,21 @@ impl Inner {
             inv.arg("-");
         }
         let replies: Result<Vec<String>, Fault> = self.eval(&inv, self.timeout).await;
-        let replies = match replies {
-            Ok(r) if r.len() == waiting + extra => r,
-            Ok(r) => {
+        let split = replies.and_then(|r| split_replies(items, waiting + extra, r));
+        match split {
+            Ok((out, grants)) => {
                 if stocking {
-                    locked(&p.stock).refill_failed();
+                    locked(&p.stock).fill(grants, tokio::time::Instant::now());
                 }
-                return Err(Fault::Broken(format!(
-                    "acquire: {} replies for {} leases",
-                    r.len(),
-                    waiting + extra
-                )));
+                Ok(out)
             }
             Err(f) => {
                 if stocking {
                     locked(&p.stock).refill_failed();
                 }
-                return Err(f);
+                Err(f)
             }
-        };
-        let mut replies = replies.into_iter();
-        let mut out = Vec::with_capacity(items.len());
-        for i in items {
-            out.push(match i {
-                AcquireItem::Lease(_) => match replies.next() {
-                    Some(r) => AcquireReply::parse_line(&r).map_err(Fault::Broken)?,
-                    None => return Err(Fault::Broken("acquire: a reply is short".into())),
-                },
-                AcquireItem::Refill => AcquireReply::NoCandidates,
-            });
         }
-        if stocking {
-            let mut grants = Vec::with_capacity(extra);
-            for r in replies {
-                if let AcquireReply::Granted { upstream, .. } =
-                    AcquireReply::parse_line(&r).map_err(Fault::Broken)?
-                {
-                    grants.push(UpstreamId::new(upstream));
-                }
-            }
-            locked(&p.stock).fill(grants, tokio::time::Instant::now());
-        }
-        Ok(out)
     }
 
     /// A grant from the stock, when the pool keeps one and it holds a fresh grant; posts a
@@ -1389,7 +1394,7 @@ impl Inner {
         }
         let upstream = got?;
         locked(&p.held).take(&upstream);
-        let lease = LeaseId(rand::random::<u64>() & !FALLBACK_LEASE | UNLISTED_LEASE);
+        let lease = LeaseId((rand::random::<u64>() & !FALLBACK_LEASE) | UNLISTED_LEASE);
         Some(Grant {
             upstream,
             lease,
@@ -2032,5 +2037,48 @@ fn status_from(
     PoolStatus {
         sessions_live,
         members,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each waiting lease gets its own line in order, a refill item gets a placeholder and no
+    /// line, and the lines after the waiting ones are the stock's grants.
+    #[test]
+    fn replies_go_to_their_leases_and_the_rest_to_the_stock() {
+        let items = [
+            AcquireItem::Lease(LeaseId(1)),
+            AcquireItem::Refill,
+            AcquireItem::Lease(LeaseId(2)),
+        ];
+        let lines = [
+            "granted 0 http://a",
+            "granted 0 http://b",
+            "granted 0 http://c",
+            "none",
+        ];
+        let (out, grants) =
+            split_replies(&items, 4, lines.iter().map(|l| l.to_string()).collect()).unwrap();
+        let granted = |u: &str| AcquireReply::Granted {
+            upstream: u.into(),
+            bound_now: false,
+        };
+        assert_eq!(
+            out,
+            [
+                granted("http://a"),
+                AcquireReply::NoCandidates,
+                granted("http://b")
+            ]
+        );
+        assert_eq!(
+            grants,
+            [UpstreamId::new("http://c")],
+            "a line without a grant is skipped"
+        );
+        let short = split_replies(&items, 4, vec!["granted 0 http://a".into()]);
+        assert!(matches!(short, Err(Fault::Broken(_))));
     }
 }
