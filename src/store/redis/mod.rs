@@ -1340,16 +1340,17 @@ impl Inner {
             .filter(|i| matches!(i, AcquireItem::Lease(_)))
             .count();
         let refill = waiting < items.len();
-        let extra = if takes_unlisted_leases(&p.spec.load()) {
+        let (extra, generation) = if takes_unlisted_leases(&p.spec.load()) {
             let mut stock = locked(&p.stock);
             stock.note_waiting(waiting);
-            if refill || stock.start_refill() {
+            let extra = if refill || stock.start_refill() {
                 stock.refill_size()
             } else {
                 0
-            }
+            };
+            (extra, stock.generation())
         } else {
-            0
+            (0, 0)
         };
         let stocking = refill || extra > 0;
         let mut inv = self.acquire_call(p, None, None);
@@ -1365,9 +1366,14 @@ impl Inner {
         let replies: Result<Vec<String>, Fault> = self.eval(&inv, self.timeout).await;
         let split = replies.and_then(|r| split_replies(items, waiting + extra, r));
         match split {
-            Ok((out, grants)) => {
+            Ok((out, mut grants)) => {
                 if stocking {
-                    locked(&p.stock).fill(grants, tokio::time::Instant::now());
+                    // A member this instance just took out of service may have been picked by a
+                    // call Redis ran before the change.
+                    let applied = locked(&p.applied);
+                    grants.retain(|g| applied.get(g).is_none_or(|s| s.eligible));
+                    drop(applied);
+                    locked(&p.stock).fill(grants, tokio::time::Instant::now(), generation);
                 }
                 Ok(out)
             }
@@ -1528,6 +1534,7 @@ impl Store for RedisStore {
             match pools.get(&spec.name) {
                 Some(p) => {
                     p.spec.store(Arc::new(spec.clone()));
+                    locked(&p.stock).clear();
                     p.clone()
                 }
                 None => {
@@ -1692,8 +1699,9 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         let inner = &self.inner;
         let p = inner.pool(pool)?;
-        locked(&p.stock).clear();
+        // In this order: a refill that lands after the clear finds the new setting.
         locked(&p.applied).insert(upstream.clone(), state);
+        locked(&p.stock).clear();
         inner.fallback.set_member(pool, upstream, state).await?;
         let deferred = || Deferred::Member {
             pool: pool.to_string(),

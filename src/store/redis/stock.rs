@@ -11,9 +11,10 @@
 //! The stock only forms under concurrency: a call that carries a single waiting request asks for
 //! nothing extra, so a lightly used pool counts every allocation when it is used, as before. A
 //! grant is used within [`MAX_AGE`] or dropped, and a lapse halves the stock's size; any change
-//! to the pool's members (a local health decision, an event from another instance, a
-//! reconnection) drops what the stock holds. A grant is thus never used more than [`MAX_AGE`]
-//! after it was picked, nor after a change this instance knows of. A dropped grant stays counted
+//! to the pool's members (a local health decision, an event from another instance, a reload, a
+//! reconnection) drops what the stock holds and what a call sent before it brings. A grant is
+//! thus never used more than [`MAX_AGE`] after it was picked, nor after a change this instance
+//! knows of. A dropped grant stays counted
 //! in Redis: an allocation that was not used, at most [`MAX_STOCK`] at a time.
 
 use std::collections::VecDeque;
@@ -36,6 +37,8 @@ pub(super) struct Stock {
     want: usize,
     /// A refill is queued or under way.
     refilling: bool,
+    /// Moves at every [`Stock::clear`]: grants picked by a call sent before it are not stocked.
+    generation: u64,
 }
 
 impl Stock {
@@ -81,9 +84,23 @@ impl Stock {
         self.want.saturating_sub(self.grants.len())
     }
 
-    /// Stocks the grants a call brought, picked at `now`, and ends the refill.
-    pub fn fill(&mut self, grants: impl IntoIterator<Item = UpstreamId>, now: Instant) {
+    /// What [`Stock::fill`] must be handed with the grants of a call sent now.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Stocks the grants a call brought, picked at `now` by a call sent in `generation`, and ends
+    /// the refill. Grants picked before the last clear are dropped.
+    pub fn fill(
+        &mut self,
+        grants: impl IntoIterator<Item = UpstreamId>,
+        now: Instant,
+        generation: u64,
+    ) {
         self.refilling = false;
+        if generation != self.generation {
+            return;
+        }
         for up in grants {
             if self.grants.len() < MAX_STOCK {
                 self.grants.push_back((up, now));
@@ -99,6 +116,7 @@ impl Stock {
     /// Drops every grant: the pool's members changed, or Redis may have.
     pub fn clear(&mut self) {
         self.grants.clear();
+        self.generation += 1;
     }
 
     #[cfg(test)]
@@ -134,7 +152,7 @@ mod tests {
         assert!(s.start_refill(), "ten wanted, none held");
         assert!(!s.start_refill(), "one refill at a time");
         assert_eq!(s.refill_size(), 10);
-        s.fill((0..10).map(up), t0);
+        s.fill((0..10).map(up), t0, 0);
         assert_eq!(s.len(), 10);
         for i in 0..4 {
             assert_eq!(s.take(t0), Some(up(i)), "the oldest first");
@@ -145,7 +163,7 @@ mod tests {
         assert_eq!(s.refill_size(), 5);
         s.note_waiting(500);
         assert_eq!(s.refill_size(), MAX_STOCK - 5, "never more than MAX_STOCK");
-        s.fill((0..100).map(up), t0);
+        s.fill((0..100).map(up), t0, 0);
         assert_eq!(s.len(), MAX_STOCK);
     }
 
@@ -155,10 +173,10 @@ mod tests {
         let mut s = Stock::default();
         s.note_waiting(8);
         assert!(s.start_refill());
-        s.fill((0..16).map(up), t0);
+        s.fill((0..16).map(up), t0, 0);
         let just_in_time = t0 + MAX_AGE - Duration::from_millis(1);
         assert_eq!(s.take(just_in_time), Some(up(0)));
-        s.fill([up(20)], t0 + MAX_AGE);
+        s.fill([up(20)], t0 + MAX_AGE, 0);
         assert_eq!(
             s.take(t0 + MAX_AGE),
             Some(up(20)),
@@ -171,16 +189,22 @@ mod tests {
     }
 
     #[test]
-    fn clearing_drops_every_grant_and_a_failed_refill_can_be_retried() {
+    fn clearing_drops_every_grant_and_what_a_call_sent_before_it_brings() {
         let t0 = Instant::now();
         let mut s = Stock::default();
         s.note_waiting(3);
         assert!(s.start_refill());
         s.refill_failed();
         assert!(s.start_refill(), "a failed refill does not block the next");
-        s.fill((0..6).map(up), t0);
+        s.fill((0..6).map(up), t0, s.generation());
         s.clear();
         assert_eq!(s.take(t0), None);
         assert_eq!(s.refill_size(), 6, "a change of members is no lapse");
+        let sent = s.generation();
+        assert!(s.start_refill());
+        s.clear();
+        s.fill((0..6).map(up), t0, sent);
+        assert_eq!(s.take(t0), None, "picked before the change: not stocked");
+        assert!(s.start_refill(), "and the refill is over");
     }
 }
