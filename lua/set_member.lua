@@ -13,9 +13,15 @@
 -- ARGV[1]  upstream
 -- ARGV[2]  eligible (0|1)    ARGV[3]  keeps sessions (0|1)    ARGV[4]  cost (>= 1)
 -- ARGV[5]  events channel    ARGV[6]  origin: the deciding gateway's instance id
+-- ARGV[7]  the member's service level as the deciding gateway last knew it (0 in service,
+--          1 quarantined, 2 dead), or "" to apply unconditionally (a restore after data loss)
 --
 -- Returns  1 when the member's setting changed, 0 when it was already so or is not a member,
---          -1 when the pool is not configured (its state was lost)
+--          -1 when the pool is not configured (its state was lost), 2 when the decision was
+--          refused: it would bring the member back towards service, but another gateway moved
+--          the member out since the deciding one last knew (a decision made on a stale view
+--          must not undo a quarantine; the other gateway's change is on its way to it as an
+--          event)
 
 local up = ARGV[1]
 local e = ARGV[2] == '1'
@@ -41,6 +47,15 @@ if not oe then
 end
 local was = oe == '1'
 local saved = tonumber(os) or 0
+
+local function level(eligible, keeps)
+  if eligible then return 0 elseif keeps then return 1 else return 2 end
+end
+local current = level(was, ok_ == '1')
+local believed = tonumber(ARGV[7] or '')
+if believed and level(e, k) < current and believed ~= current then
+  return 2
+end
 
 local floor = 0
 local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')

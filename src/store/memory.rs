@@ -472,6 +472,19 @@ impl MemoryStore {
         Ok(())
     }
 
+    /// The setting `upstream` has here, if it is a member of `pool`. The Redis store keeps this
+    /// store as its local view of the shared settings, and tells Redis what it believed when it
+    /// decides a change.
+    pub fn member_state(&self, pool: &str, upstream: &UpstreamId) -> Option<MemberState> {
+        let entry = self.entry(pool).ok()?;
+        let state = lock(&entry);
+        state
+            .members
+            .get(upstream)
+            .filter(|m| m.in_pool)
+            .map(|m| m.state)
+    }
+
     fn entry(&self, pool: &str) -> Result<Arc<PoolEntry>, StoreError> {
         let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
         pools

@@ -433,6 +433,28 @@ fn takes_unlisted_leases(spec: &PoolSpec) -> bool {
     spec.max_concurrency.is_none() && spec.strategy != Strategy::LeastConnections
 }
 
+/// A member setting as `set_member.lua` ranks it: 0 in service, 1 quarantined, 2 dead.
+fn service_level(s: MemberState) -> u8 {
+    match (s.eligible, s.keeps_sessions) {
+        (true, _) => 0,
+        (false, true) => 1,
+        (false, false) => 2,
+    }
+}
+
+/// The setting in a member's `state` field (`e|k|c|s|r`, see `acquire.lua`).
+fn member_setting(field: &str) -> Option<MemberState> {
+    let mut f = field.split('|');
+    let eligible = f.next()? == "1";
+    let keeps_sessions = f.next()? == "1";
+    let cost = f.next()?.parse().ok()?;
+    Some(MemberState {
+        eligible,
+        keeps_sessions,
+        cost,
+    })
+}
+
 /// What waits for an acquire call: a request's lease, or a refill of the stock.
 #[derive(Debug, Clone, Copy)]
 enum AcquireItem {
@@ -1005,7 +1027,7 @@ impl Inner {
         let mut members: Vec<_> = members.into_iter().collect();
         while let Some(((pool, upstream), state)) = members.pop() {
             let Ok(p) = self.pool(&pool) else { continue };
-            if let Err(f) = self.set_member_remote(&p, &upstream, state).await {
+            if let Err(f) = self.set_member_remote(&p, &upstream, state, None).await {
                 let mut backlog = locked(&self.backlog);
                 members.push(((pool, upstream), state));
                 for (k, v) in members {
@@ -1082,7 +1104,7 @@ impl Inner {
             .map(|(k, v)| (k.clone(), *v))
             .collect();
         for (upstream, state) in &applied {
-            self.set_member_remote(p, upstream, *state).await?;
+            self.set_member_remote(p, upstream, *state, None).await?;
         }
         Ok(applied.len())
     }
@@ -1102,11 +1124,14 @@ impl Inner {
     }
 
     /// Runs `set_member.lua`: 1 changed, 0 unchanged or not a member, -1 pool state missing.
+    /// `set_member.lua`; `believed` is the setting this instance last knew the member to have
+    /// (`None`: apply unconditionally).
     async fn set_member_remote(
         &self,
         p: &PoolLocal,
         upstream: &UpstreamId,
         state: MemberState,
+        believed: Option<MemberState>,
     ) -> Result<i64, Fault> {
         let k = &p.keys;
         let mut inv = Call::new(&scripts::SET_MEMBER, 3);
@@ -1119,6 +1144,10 @@ impl Inner {
             .arg(state.cost.max(1))
             .arg(&k.events)
             .arg(&self.instance);
+        match believed {
+            Some(b) => inv.arg(service_level(b)),
+            None => inv.arg(""),
+        };
         self.eval(&inv, self.timeout).await
     }
 
@@ -1504,6 +1533,25 @@ impl Inner {
         })
     }
 
+    /// After a refused decision: what Redis holds for `upstream` becomes the local view, as if
+    /// its event had come now. It is on its way all the same, but may have been applied before
+    /// the refused decision was, which the local view then still shows.
+    async fn adopt_member_setting(&self, p: &PoolLocal, pool: &str, upstream: &UpstreamId) {
+        let read: Result<Option<String>, Fault> = self
+            .query(redis::cmd("HGET").arg(&p.keys.state).arg(upstream.as_str()))
+            .await;
+        match read.map(|v| v.as_deref().and_then(member_setting)) {
+            Ok(Some(state)) => {
+                self.member_changed_elsewhere(pool, upstream.clone(), state)
+                    .await
+            }
+            Ok(None) => {}
+            Err(f) => {
+                tracing::debug!(pool, upstream = %upstream, error = ?f, "member setting not read back")
+            }
+        }
+    }
+
     /// Applies a member change another instance published: to the local view, and to the
     /// subscribers of [`Store::subscribe_member_changes`].
     async fn member_changed_elsewhere(&self, pool: &str, upstream: UpstreamId, state: MemberState) {
@@ -1702,6 +1750,7 @@ impl Store for RedisStore {
         // In this order: a refill that lands after the clear finds the new setting.
         locked(&p.applied).insert(upstream.clone(), state);
         locked(&p.stock).clear();
+        let believed = inner.fallback.member_state(pool, upstream);
         inner.fallback.set_member(pool, upstream, state).await?;
         let deferred = || Deferred::Member {
             pool: pool.to_string(),
@@ -1714,7 +1763,7 @@ impl Store for RedisStore {
         }
         let mut restored = false;
         loop {
-            match inner.set_member_remote(&p, upstream, state).await {
+            match inner.set_member_remote(&p, upstream, state, believed).await {
                 Ok(-1) if !restored => {
                     restored = true;
                     // Restoring re-applies this setting with the others.
@@ -1726,6 +1775,15 @@ impl Store for RedisStore {
                         }
                         Err(Fault::Broken(why)) => return Err(broken(why)),
                     }
+                }
+                Ok(2) => {
+                    locked(&p.applied).remove(upstream);
+                    tracing::info!(
+                        pool, upstream = %upstream, eligible = state.eligible, cost = state.cost,
+                        "health decision not applied: another instance moved the member out of service first"
+                    );
+                    inner.adopt_member_setting(&p, pool, upstream).await;
+                    return Ok(());
                 }
                 Ok(changed) => {
                     if changed == 1 {
