@@ -776,8 +776,10 @@ async fn outage_under_load(pool: &str) {
         served_while_down > 100,
         "kept answering: {served_while_down}"
     );
+    // One store timeout at most: the acquires queued behind the call that found Redis gone go
+    // to the local view at once, not in a second call that would time out too.
     assert!(
-        outage_slowest <= 250 + normal_ms + 250,
+        outage_slowest <= 250 + normal_ms + 150,
         "a request waited {outage_slowest}ms (timeout 250ms, normal {normal_ms}ms)"
     );
     // Leases granted by Redis before the outage and released during it were replayed. Releases

@@ -472,7 +472,15 @@ fn acquire_sender(
     let (inner, p) = (inner.clone(), p.clone());
     move |items| {
         let (inner, p) = (inner.clone(), p.clone());
-        Box::pin(async move { inner.acquire_many(&p, &items).await })
+        Box::pin(async move {
+            let r = inner.acquire_many(&p, &items).await;
+            if let Err(Fault::Down(why)) = &r {
+                // Now, before this task sends the acquires that queued meanwhile: they go to the
+                // local view at once instead of waiting out a second timeout.
+                inner.degrade(why);
+            }
+            r
+        })
     }
 }
 
@@ -1364,6 +1372,14 @@ impl Inner {
         p: &PoolLocal,
         items: &[AcquireItem],
     ) -> Result<Vec<AcquireReply>, Fault> {
+        if self.is_degraded() {
+            // These waited behind a call that found Redis gone (see `acquire_sender`). Each is
+            // replayed as a quiet release, which ends nothing: it was never sent.
+            if items.iter().any(|i| matches!(i, AcquireItem::Refill)) {
+                locked(&p.stock).refill_failed();
+            }
+            return Err(Fault::Down("the store is degraded".into()));
+        }
         let waiting = items
             .iter()
             .filter(|i| matches!(i, AcquireItem::Lease(_)))
