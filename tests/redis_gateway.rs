@@ -355,6 +355,92 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
     );
 }
 
+/// Sends `rounds` plain requests from each of `clients` clients at once, alternating between the
+/// given clients' gateways; returns how many were answered 200.
+async fn load(via: &[reqwest::Client], url: &str, clients: usize, rounds: usize) -> usize {
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..clients {
+        let (client, url) = (via[i % via.len()].clone(), url.to_string());
+        set.spawn(async move {
+            let mut ok = 0;
+            for _ in 0..rounds {
+                ok += usize::from(get(&client, &url, None).await.0 == 200);
+            }
+            ok
+        });
+    }
+    let mut ok = 0;
+    while let Some(r) = set.join_next().await {
+        ok += r.unwrap();
+    }
+    ok
+}
+
+/// Under concurrent load both instances serve plain requests from grants taken ahead (fewer
+/// acquire calls than requests), and a quarantine decided under that load stops new requests
+/// through the upstream on both at once: the grants of it that either held are dropped. Both
+/// instances see the captchas and decide about the upstream at about the same time; the one that
+/// only degrades it must not undo the other's quarantine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_a_quarantine_stops_requests_through_the_upstream_on_both_instances() {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(4).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let text = config(&redis.url(), &urls, origin.port(), "");
+    let a = GatewayProcess::spawn(&text).await;
+    let b = GatewayProcess::spawn(&text).await;
+    let via = [client_via(&a), client_via(&b)];
+    let url = origin.url("/ok");
+
+    let before = redis.command_calls()["evalsha"];
+    assert_eq!(load(&via, &url, 16, 10).await, 160);
+    let evalsha = redis.command_calls()["evalsha"] - before;
+    eprintln!("160 requests from 16 clients over 2 instances: {evalsha} EVALSHA");
+    assert!(evalsha < 80, "{evalsha} EVALSHA for 160 requests");
+
+    let victim = &ups[3];
+    let victim_id = victim.url();
+    victim.set_mode(ProxyMode::Captcha).await;
+    let mut flipped = false;
+    for _ in 0..50 {
+        load(&via, &url, 16, 2).await;
+        if redis
+            .cli(&["HGET", "pg:{default}:state", &victim_id])
+            .starts_with("0|")
+        {
+            flipped = true;
+            break;
+        }
+    }
+    if !flipped {
+        // What both instances decided about it, for the failure message.
+        let mut lines = Vec::new();
+        for (name, mut g) in [("A", a), ("B", b)] {
+            g.signal("TERM");
+            let _ = tokio::time::timeout(Duration::from_secs(10), g.child.wait()).await;
+            let log = g.log.await.unwrap();
+            lines.extend(
+                log.into_iter()
+                    .filter(|l| l.contains(&victim_id))
+                    .map(|l| format!("{name}: {l}")),
+            );
+        }
+        panic!("the captcha-serving upstream was not quarantined: {lines:#?}");
+    }
+    // Nothing is under way between rounds. B hears of the decision over pub/sub within
+    // milliseconds: well before the grants it took in the last round lapse (100 ms).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let seen = victim.requests();
+    assert_eq!(load(&via, &url, 16, 10).await, 160);
+    assert_eq!(
+        victim.requests(),
+        seen,
+        "no request went through the quarantined upstream after the decision"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_returns_its_capacity_within_lease_ttl() {
     common::init_tracing();
