@@ -38,6 +38,34 @@ async fn upstreams(n: usize) -> Vec<FakeProxy> {
     ups
 }
 
+/// Two gateway instances on one test-started Redis, with `n` fake upstreams in the default pool
+/// (and `pool_extra` in its config), and an echo origin.
+struct Pair {
+    redis: RedisServer,
+    origin: Origin,
+    ups: Vec<FakeProxy>,
+    a: GatewayProcess,
+    b: GatewayProcess,
+}
+
+async fn pair(n: usize, pool_extra: &str) -> Pair {
+    common::init_tracing();
+    let redis = RedisServer::start().await;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = upstreams(n).await;
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let text = config(&redis.url(), &urls, origin.port(), pool_extra);
+    let a = GatewayProcess::spawn(&text).await;
+    let b = GatewayProcess::spawn(&text).await;
+    Pair {
+        redis,
+        origin,
+        ups,
+        a,
+        b,
+    }
+}
+
 fn client_via(gw: &GatewayProcess) -> reqwest::Client {
     reqwest::Client::builder()
         .proxy(reqwest::Proxy::all(format!("http://{}", gw.proxy)).unwrap())
@@ -140,19 +168,13 @@ async fn connect_tunnel(proxy: &str, target: &str) -> Result<tokio::net::TcpStre
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_caps_and_balance_under_400_concurrent_clients() {
-    common::init_tracing();
-    let redis = RedisServer::start().await;
-    let origin = Origin::start(OriginBehaviour::echo()).await;
-    let ups = upstreams(8).await;
-    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
-    let text = config(
-        &redis.url(),
-        &urls,
-        origin.port(),
-        "max_concurrency = 3\nqueue_timeout = \"60s\"",
-    );
-    let a = GatewayProcess::spawn(&text).await;
-    let b = GatewayProcess::spawn(&text).await;
+    let Pair {
+        redis,
+        origin,
+        ups,
+        a,
+        b,
+    } = pair(8, "max_concurrency = 3\nqueue_timeout = \"60s\"").await;
     let (ca, cb) = (client_via(&a), client_via(&b));
     let evalsha_before = redis.command_calls().get("evalsha").copied().unwrap_or(0);
     let started = Instant::now();
@@ -192,14 +214,13 @@ async fn two_instances_share_caps_and_balance_under_400_concurrent_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_session_sent_to_both_instances_at_once_leaves_through_one_upstream() {
-    common::init_tracing();
-    let redis = RedisServer::start().await;
-    let origin = Origin::start(OriginBehaviour::echo()).await;
-    let ups = upstreams(6).await;
-    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
-    let text = config(&redis.url(), &urls, origin.port(), "");
-    let a = GatewayProcess::spawn(&text).await;
-    let b = GatewayProcess::spawn(&text).await;
+    let Pair {
+        redis: _redis,
+        origin,
+        ups: _ups,
+        a,
+        b,
+    } = pair(6, "").await;
     let (ca, cb) = (client_via(&a), client_via(&b));
     let url = origin.url("/ok");
     let mut agreed = 0;
@@ -224,14 +245,13 @@ async fn a_new_session_sent_to_both_instances_at_once_leaves_through_one_upstrea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_poll() {
-    common::init_tracing();
-    let redis = RedisServer::start().await;
-    let origin = Origin::start(OriginBehaviour::echo()).await;
-    let ups = upstreams(4).await;
-    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
-    let text = config(&redis.url(), &urls, origin.port(), "");
-    let a = GatewayProcess::spawn(&text).await;
-    let b = GatewayProcess::spawn(&text).await;
+    let Pair {
+        redis,
+        origin,
+        ups,
+        a,
+        b,
+    } = pair(4, "").await;
     let (ca, cb) = (client_via(&a), client_via(&b));
     let url = origin.url("/ok");
     let b_addrs = redis.client_addrs(&client_name(&b).await);
@@ -383,14 +403,13 @@ async fn load(via: &[reqwest::Client], url: &str, clients: usize, rounds: usize)
 /// only degrades it must not undo the other's quarantine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_load_a_quarantine_stops_requests_through_the_upstream_on_both_instances() {
-    common::init_tracing();
-    let redis = RedisServer::start().await;
-    let origin = Origin::start(OriginBehaviour::echo()).await;
-    let ups = upstreams(4).await;
-    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
-    let text = config(&redis.url(), &urls, origin.port(), "");
-    let a = GatewayProcess::spawn(&text).await;
-    let b = GatewayProcess::spawn(&text).await;
+    let Pair {
+        redis,
+        origin,
+        ups,
+        a,
+        b,
+    } = pair(4, "").await;
     let via = [client_via(&a), client_via(&b)];
     let url = origin.url("/ok");
 
@@ -500,15 +519,14 @@ async fn a_killed_instance_returns_its_capacity_within_lease_ttl() {
 /// count lapses when its gateway dies, as a listed lease would expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlisted_leases_show_on_every_instance_and_lapse_with_their_gateway() {
-    common::init_tracing();
-    let redis = RedisServer::start().await;
-    let origin = Origin::start(OriginBehaviour::echo()).await;
-    let ups = upstreams(2).await;
-    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
     // The report's deadline is the lease TTL, but at least three flushes (3 s).
-    let text = config(&redis.url(), &urls, origin.port(), "lease_ttl = \"1s\"");
-    let mut a = GatewayProcess::spawn(&text).await;
-    let b = GatewayProcess::spawn(&text).await;
+    let Pair {
+        redis,
+        origin,
+        ups: _ups,
+        mut a,
+        b,
+    } = pair(2, "lease_ttl = \"1s\"").await;
     let target = origin.authority();
     let mut held = Vec::new();
     for _ in 0..3 {
