@@ -516,6 +516,12 @@ fn split_replies(
     Ok((out, grants))
 }
 
+/// A random id for a lease Redis grants, marked unlisted when it is (see `held.rs`).
+fn new_lease(unlisted: bool) -> LeaseId {
+    let id = rand::random::<u64>() & !(FALLBACK_LEASE | UNLISTED_LEASE);
+    LeaseId(if unlisted { id | UNLISTED_LEASE } else { id })
+}
+
 /// Adds a lease id as `acquire.lua` takes it: `-` asks for an unlisted lease.
 fn lease_arg(inv: &mut Call, lease: LeaseId) {
     if lease.0 & UNLISTED_LEASE != 0 {
@@ -1131,9 +1137,9 @@ impl Inner {
         Ok(())
     }
 
-    /// Runs `set_member.lua`: 1 changed, 0 unchanged or not a member, -1 pool state missing.
-    /// `set_member.lua`; `believed` is the setting this instance last knew the member to have
-    /// (`None`: apply unconditionally).
+    /// Runs `set_member.lua`: 1 changed, 0 unchanged or not a member, -1 pool state missing, 2
+    /// refused. `believed` is the setting this instance last knew the member to have (`None`:
+    /// apply unconditionally).
     async fn set_member_remote(
         &self,
         p: &PoolLocal,
@@ -1445,10 +1451,9 @@ impl Inner {
         }
         let upstream = got?;
         locked(&p.held).take(&upstream);
-        let lease = LeaseId((rand::random::<u64>() & !FALLBACK_LEASE) | UNLISTED_LEASE);
         Some(Grant {
             upstream,
-            lease,
+            lease: new_lease(true),
             bound_now: false,
         })
     }
@@ -1473,10 +1478,7 @@ impl Inner {
         let mut restored = false;
 
         loop {
-            let mut lease = LeaseId(rand::random::<u64>() & !(FALLBACK_LEASE | UNLISTED_LEASE));
-            if unlisted {
-                lease.0 |= UNLISTED_LEASE;
-            }
+            let lease = new_lease(unlisted);
             let answer = match want {
                 Want::Any { exclude: [] } => {
                     p.acquires
