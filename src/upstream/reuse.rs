@@ -15,6 +15,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::client::conn::http1::SendRequest;
 use tokio::time::Instant;
 
+use crate::fast_map::FastMap;
 use crate::limits::EndGuard;
 use crate::target::Target;
 use crate::upstream::UpstreamId;
@@ -31,7 +32,7 @@ pub struct ConnKey {
 }
 
 pub struct ConnPool {
-    idle: Mutex<HashMap<ConnKey, Vec<Idle>>>,
+    idle: Mutex<IdleLists>,
     max_idle_per_key: usize,
     idle_timeout: Duration,
 }
@@ -41,10 +42,59 @@ struct Idle {
     since: Instant,
 }
 
+/// Idle connections by key, in two maps: one per kind of key, since only one kind holds what
+/// clients chose.
+#[derive(Default)]
+struct IdleLists {
+    /// Connections to HTTP proxy upstreams, keyed by the gateway's own upstream ids: the fast
+    /// hasher (see [`crate::fast_map`]); these are looked up twice per forwarded request.
+    proxies: FastMap<UpstreamId, Vec<Idle>>,
+    /// Tunnels to one target (SOCKS, direct): the target is the client's, so the standard hasher.
+    tunnels: HashMap<ConnKey, Vec<Idle>>,
+}
+
+impl IdleLists {
+    fn get_mut(&mut self, key: &ConnKey) -> Option<&mut Vec<Idle>> {
+        match key.target {
+            None => self.proxies.get_mut(&key.upstream),
+            Some(_) => self.tunnels.get_mut(key),
+        }
+    }
+
+    fn entry(&mut self, key: ConnKey) -> &mut Vec<Idle> {
+        match key.target {
+            None => self.proxies.entry(key.upstream).or_default(),
+            Some(_) => self.tunnels.entry(key).or_default(),
+        }
+    }
+
+    fn remove(&mut self, key: &ConnKey) {
+        match key.target {
+            None => self.proxies.remove(&key.upstream),
+            Some(_) => self.tunnels.remove(key),
+        };
+    }
+
+    /// Keeps the connections `keep` says yes to; drops the lists left empty.
+    fn retain(&mut self, mut keep: impl FnMut(&Idle) -> bool) {
+        let mut each = |list: &mut Vec<Idle>| {
+            list.retain(&mut keep);
+            !list.is_empty()
+        };
+        self.proxies.retain(|_, list| each(list));
+        self.tunnels.retain(|_, list| each(list));
+    }
+
+    fn clear(&mut self) {
+        self.proxies.clear();
+        self.tunnels.clear();
+    }
+}
+
 impl ConnPool {
     pub fn new(max_idle_per_key: usize, idle_timeout: Duration) -> Self {
         ConnPool {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(IdleLists::default()),
             max_idle_per_key,
             idle_timeout,
         }
@@ -78,12 +128,18 @@ impl ConnPool {
         }
     }
 
-    /// Puts `sender` on the idle list: dropped instead when the list is full.
+    /// Puts `sender` on the idle list: dropped instead when the list is full of live ones.
     fn put(&self, key: ConnKey, sender: SendRequest<OutBody>) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.entry(key).or_default();
-        list.retain(|c| now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed());
+        let list = idle.entry(key);
+        // Stale and closed connections make room only when room is short: the sweep and `take`
+        // skip them otherwise, and checking the whole list on every request cost more than that.
+        if list.len() >= self.max_idle_per_key {
+            list.retain(|c| {
+                now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed()
+            });
+        }
         if list.len() < self.max_idle_per_key {
             list.push(Idle { sender, since: now });
         }
@@ -93,12 +149,7 @@ impl ConnPool {
     pub fn sweep(&self) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.retain(|_, list| {
-            list.retain(|c| {
-                now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed()
-            });
-            !list.is_empty()
-        });
+        idle.retain(|c| now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed());
     }
 
     /// Drops every idle connection (shutdown).
