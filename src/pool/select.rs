@@ -3,9 +3,11 @@
 //! at its limit.
 
 use std::borrow::Cow;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 use crate::error::ProxyError;
@@ -55,7 +57,6 @@ pub async fn acquire(
 ) -> Result<Lease, ProxyError> {
     let pool = &route.pool;
     let deadline = Instant::now() + pool.config.queue_timeout;
-    let signal = gw.store.release_signal(pool.name());
     let limits = gw.ratelimits.pool(pool.name(), &pool.config.rate_limit);
     let target = &route.target_host;
     let sticky = route.session.is_some();
@@ -71,12 +72,11 @@ pub async fn acquire(
             queued = Some(line_up(gw, route, queue, deadline, scope).await?);
         }
     }
+    // Waits for a release. Registered before an ask, so a release between the answer and the
+    // wait is not missed; and only once an ask found every candidate at its cap, so that the
+    // usual first ask, which finds capacity, neither registers nor looks up the signal.
+    let mut waiter: Option<Pin<Box<OwnedNotified>>> = None;
     loop {
-        // Registered before asking, so a release between the answer and the wait is not missed.
-        let notified = signal.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-
         let blocked = match (&limits, sticky) {
             (Some(l), false) => l.blocked(target, Instant::now()),
             _ => Vec::new(),
@@ -141,9 +141,19 @@ pub async fn acquire(
             Acquired::NoCandidates if limited.is_some() => {}
             Acquired::NoCandidates => return Err(ProxyError::NoUpstream),
         }
+        if at_capacity && waiter.is_none() {
+            let mut w = Box::pin(gw.store.release_signal(pool.name()).notified_owned());
+            w.as_mut().enable();
+            waiter = Some(w);
+            // Asked again at once: a release since the answer above may have freed a place.
+            continue;
+        }
         let Some(refusal) = limited else {
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(ProxyError::PoolExhausted);
+            // Only capacity stopped this round, so the waiter is registered.
+            if let Some(w) = waiter.take() {
+                if tokio::time::timeout_at(deadline, w).await.is_err() {
+                    return Err(ProxyError::PoolExhausted);
+                }
             }
             continue;
         };
@@ -164,13 +174,18 @@ pub async fn acquire(
             }
         }
         let wake = tokio::time::sleep_until(refusal.ready_at.min(deadline));
-        if at_capacity {
-            tokio::select! {
-                _ = wake => {}
-                _ = notified => {}
+        match waiter.take() {
+            Some(released) if at_capacity => {
+                tokio::select! {
+                    _ = wake => {}
+                    _ = released => {}
+                }
             }
-        } else {
-            wake.await;
+            // Kept registered for the next round.
+            kept => {
+                waiter = kept;
+                wake.await;
+            }
         }
     }
 }
