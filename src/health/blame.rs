@@ -84,21 +84,23 @@ impl Targets {
         members: usize,
         now: Instant,
     ) -> Option<TargetChange> {
-        if !self.by_target.contains_key(target) {
-            if self.by_target.len() >= cfg.max_targets {
-                self.evict_oldest();
+        // One lookup for a target seen before (nearly every sample); a new one costs three.
+        let stats = match self.by_target.get_mut(target) {
+            Some(stats) => stats,
+            None => {
+                if self.by_target.len() >= cfg.max_targets {
+                    self.evict_oldest();
+                }
+                self.by_target
+                    .entry(target.to_string())
+                    .or_insert_with(|| TargetStats {
+                        last_seen: now,
+                        cells: FastMap::default(),
+                        incident_since: None,
+                        failing: 0,
+                    })
             }
-            self.by_target.insert(
-                target.to_string(),
-                TargetStats {
-                    last_seen: now,
-                    cells: FastMap::default(),
-                    incident_since: None,
-                    failing: 0,
-                },
-            );
-        }
-        let stats = self.by_target.get_mut(target)?;
+        };
         stats.last_seen = now;
         let cell = match stats.cells.get_mut(upstream) {
             Some(c) => c,
