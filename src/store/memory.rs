@@ -461,14 +461,19 @@ impl MemoryStore {
         latency: Duration,
     ) -> Result<(), StoreError> {
         let entry = self.entry(pool)?;
-        {
+        let capped = {
             let mut state = lock(&entry);
             state.count(upstream, outcome, latency);
             if state.end_lease(upstream, lease.0) {
                 state.members.remove(upstream);
             }
+            state.spec.max_concurrency.is_some()
+        };
+        // Only a pool with a cap has requests waiting for a release (`Acquired::AtCapacity`);
+        // waking nobody still takes the signal's lock, on every request's path.
+        if capped {
+            entry.released.notify_waiters();
         }
-        entry.released.notify_waiters();
         Ok(())
     }
 
