@@ -290,26 +290,20 @@ fn origin_form(uri: &Uri) -> Uri {
 }
 
 /// Whether a Host value names `target` as [`host_header`] would, the host in any letter case.
-/// IPv6 literals always get a fresh Host.
+/// IPv6 literals always get a fresh Host. Compared byte by byte: it runs on every request.
 fn names_target(value: &[u8], target: &Target) -> bool {
-    if target.host.contains(':') {
+    let host = target.host.as_bytes();
+    if value.len() < host.len() || !value[..host.len()].eq_ignore_ascii_case(host) {
         return false;
     }
-    let (host, port) = match value.iter().rposition(|&b| b == b':') {
-        Some(i) => (&value[..i], Some(&value[i + 1..])),
-        None => (value, None),
-    };
-    let port_ok = match port {
-        None => target.port == 80,
-        Some(p) => {
-            !p.starts_with(b"0")
-                && std::str::from_utf8(p)
-                    .ok()
-                    .and_then(|p| p.parse::<u16>().ok())
-                    == Some(target.port)
-        }
-    };
-    port_ok && host.eq_ignore_ascii_case(target.host.as_bytes())
+    if host.contains(&b':') {
+        return false;
+    }
+    match &value[host.len()..] {
+        [] => target.port == 80,
+        [b':', port @ ..] => port == itoa::Buffer::new().format(target.port).as_bytes(),
+        _ => false,
+    }
 }
 
 fn host_header(target: &Target) -> String {
