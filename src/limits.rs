@@ -379,6 +379,11 @@ impl<B: Body, G: EndGuard> Guarded<B, G> {
         }
         Guarded { inner, guard }
     }
+
+    /// A body whose guard was settled before it was made (an error answer, already counted).
+    pub fn settled(inner: B) -> Self {
+        Guarded { inner, guard: None }
+    }
 }
 
 impl<B: Body, G: EndGuard> Body for Guarded<B, G> {

@@ -22,8 +22,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -31,13 +31,22 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::limits::{self, Activity, ClientConns, ConnSlot, Expiry, Guarded, Tracked};
-use crate::proxy::Body;
 use crate::state::Gateway;
 
 const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Connections the admin listener serves at once.
 const MAX_ADMIN_CONNECTIONS: usize = 64;
+
+/// A body a service answers with. Generic rather than boxed: each layer a response body is
+/// wrapped in (the request's accounting, the connection's activity) is then a plain field, not
+/// another allocation and virtual call for every frame.
+pub trait ResponseBody:
+    http_body::Body<Data = Bytes, Error = hyper::Error> + Send + 'static
+{
+}
+
+impl<B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + 'static> ResponseBody for B {}
 
 /// Which listener a loop serves: the limits differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,10 +58,11 @@ pub enum Listener {
 }
 
 /// Runs the accept loop until shutdown, serving each connection with `service`.
-pub async fn serve<S, F>(gw: Arc<Gateway>, listener: TcpListener, kind: Listener, service: S)
+pub async fn serve<S, F, B>(gw: Arc<Gateway>, listener: TcpListener, kind: Listener, service: S)
 where
     S: Fn(Arc<Gateway>, Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: ResponseBody,
 {
     let conns = match kind {
         Listener::Proxy => gw.client_conns.clone(),
@@ -126,7 +136,7 @@ impl AfterUpgrade {
     }
 }
 
-async fn serve_connection<S, F>(
+async fn serve_connection<S, F, B>(
     gw: Arc<Gateway>,
     stream: TcpStream,
     peer: SocketAddr,
@@ -134,7 +144,8 @@ async fn serve_connection<S, F>(
     service: S,
 ) where
     S: Fn(Arc<Gateway>, Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: ResponseBody,
 {
     let _ = stream.set_nodelay(true);
     let live = gw.live.load_full();
@@ -157,7 +168,7 @@ async fn serve_connection<S, F>(
         let (service, gw) = (service.clone(), svc_gw.clone());
         async move {
             let resp = service(gw, req, peer).await;
-            Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, busy).boxed()))
+            Ok::<_, Infallible>(resp.map(|body| Guarded::new(body, busy)))
         }
     });
     // The connection's state is dropped before a tunnel runs in its place; boxed, so that the

@@ -17,14 +17,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
-use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
-use crate::accounting::End;
+use crate::accounting::{End, Ticket};
 use crate::admit;
 use crate::error::ProxyError;
 use crate::health::Outcome;
+use crate::limits::Guarded;
 use crate::pool::select::{self, Route, SessionPlan};
 use crate::pool::{Lease, PoolSet};
 use crate::session::{self, SessionRequest};
@@ -39,7 +39,11 @@ pub type Body = BoxBody<Bytes, hyper::Error>;
 
 /// The proxy service: never fails, every error becomes its response here. Every request is
 /// counted as accepted and settled exactly once (see [`crate::accounting`]).
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+pub async fn handle(
+    gw: Arc<Gateway>,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Guarded<Body, Ticket>> {
     let ticket = gw.counters.accept();
     let connect = req.method() == Method::CONNECT;
     let result = if let Err(e) = framing::check_request(&req) {
@@ -52,7 +56,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, peer: SocketAddr) 
         Err(ProxyError::NotProxyRequest)
     };
     match result {
-        Ok(resp) => resp.map(|body| crate::limits::Guarded::new(body, ticket).boxed()),
+        Ok(resp) => resp.map(|body| Guarded::new(body, ticket)),
         Err(e) => {
             tracing::debug!(error = %e, code = e.code(), "request failed");
             let status = e.status();
@@ -74,7 +78,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, peer: SocketAddr) 
                     http::HeaderValue::from_static("close"),
                 );
             }
-            resp
+            resp.map(Guarded::settled)
         }
     }
 }
