@@ -174,18 +174,16 @@ pub async fn acquire(
             }
         }
         let wake = tokio::time::sleep_until(refusal.ready_at.min(deadline));
-        match waiter.take() {
+        match &mut waiter {
             Some(released) if at_capacity => {
                 tokio::select! {
                     _ = wake => {}
                     _ = released => {}
                 }
+                waiter = None;
             }
-            // Kept registered for the next round.
-            kept => {
-                waiter = kept;
-                wake.await;
-            }
+            // A registered waiter stays so for the next round.
+            _ => wake.await,
         }
     }
 }

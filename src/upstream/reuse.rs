@@ -136,9 +136,7 @@ impl ConnPool {
         // Stale and closed connections make room only when room is short: the sweep and `take`
         // skip them otherwise, and checking the whole list on every request cost more than that.
         if list.len() >= self.max_idle_per_key {
-            list.retain(|c| {
-                now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed()
-            });
+            list.retain(|c| self.keeps(c, now));
         }
         if list.len() < self.max_idle_per_key {
             list.push(Idle { sender, since: now });
@@ -149,7 +147,12 @@ impl ConnPool {
     pub fn sweep(&self) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.retain(|c| now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed());
+        idle.retain(|c| self.keeps(c, now));
+    }
+
+    /// Whether an idle connection is still worth keeping: open, and idle for less than the timeout.
+    fn keeps(&self, c: &Idle, now: Instant) -> bool {
+        now.duration_since(c.since) < self.idle_timeout && !c.sender.is_closed()
     }
 
     /// Drops every idle connection (shutdown).
