@@ -27,6 +27,7 @@ use crate::store::{AnyStore, Store};
 use crate::upstream::connect::{Connector, Resolve};
 use crate::upstream::reuse::ConnPool;
 use crate::upstream::tls::{self, TlsSetupError};
+use crate::workers::{self, Workers};
 use crate::{admin, health, proxy, reload, server, shutdown};
 
 /// How often idle upstream connections past their timeout are closed.
@@ -46,6 +47,9 @@ pub struct StartOptions {
     /// Carries out probes (tests drive the prober with their own); probes through the gateway's
     /// connector when `None`.
     pub probe_runner: Option<Arc<dyn crate::probe::prober::Runner>>,
+    /// Threads of their own serving the proxy port ([`crate::workers`]); 0 serves it on the
+    /// caller's runtime, as tests do (their clock and their tasks stay in one runtime).
+    pub proxy_threads: usize,
 }
 
 /// How often cool-downs are checked; the granularity of a quarantine's end.
@@ -107,6 +111,8 @@ pub enum StartError {
     Store(String),
     #[error(transparent)]
     Intercept(#[from] InterceptSetupError),
+    #[error("cannot start the proxy worker threads: {0}")]
+    Workers(std::io::Error),
 }
 
 /// A started gateway.
@@ -115,6 +121,8 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     gw: Arc<Gateway>,
     listeners: tokio::task::JoinSet<()>,
+    /// Dropped last: the worker threads' runtimes carry their connections' work to the end.
+    workers: Option<Workers>,
 }
 
 /// How shutdown ended.
@@ -183,6 +191,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
 
     let gw = Arc::new(Gateway {
         conns: Arc::new(ConnPool::new(
+            options.proxy_threads + 1,
             server.upstream_max_idle_per_key,
             server.upstream_idle_timeout,
         )),
@@ -215,12 +224,21 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     });
 
     let mut listeners = tokio::task::JoinSet::new();
-    listeners.spawn(server::serve(
-        gw.clone(),
-        proxy_listener,
-        server::Listener::Proxy,
-        proxy::handle,
-    ));
+    let workers = if options.proxy_threads == 0 {
+        listeners.spawn(server::serve(
+            gw.clone(),
+            proxy_listener,
+            server::Listener::Proxy,
+            proxy::handle,
+        ));
+        None
+    } else {
+        let (workers, stopped) = workers::start(&gw, proxy_listener, options.proxy_threads)
+            .await
+            .map_err(StartError::Workers)?;
+        listeners.spawn(stopped);
+        Some(workers)
+    };
     listeners.spawn(server::serve(
         gw.clone(),
         admin_listener,
@@ -259,6 +277,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         proxy = %proxy_addr,
         admin = %admin_addr,
         store = gw.store.kind(),
+        proxy_threads = options.proxy_threads,
         store_health = gw.store.health(),
         pools = config.pools.len(),
         "poolgate listening"
@@ -268,6 +287,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         admin_addr,
         gw,
         listeners,
+        workers,
     })
 }
 
@@ -325,6 +345,7 @@ impl Running {
         if !self.gw.store.settle(LEASE_RELEASE_TIMEOUT).await {
             tracing::warn!("some lease releases did not reach the store before exit");
         }
+        drop(self.workers.take());
         drained
     }
 
@@ -367,6 +388,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> i32 {
     };
     let options = StartOptions {
         config_path,
+        proxy_threads: config.server.workers,
         ..StartOptions::default()
     };
     let running = match start_with(config, options).await {

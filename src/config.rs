@@ -47,6 +47,8 @@ pub const DEFAULT_RESPONSE_TIMEOUT_MS: u64 = 60_000;
 /// Idle keep-alive connections to upstreams are closed after this long.
 pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_UPSTREAM_MAX_IDLE_PER_KEY: usize = 32;
+/// More proxy worker threads than this is a typo, not a machine.
+pub const MAX_WORKERS: usize = 1024;
 pub const DEFAULT_QUEUE_TIMEOUT_MS: u64 = 5_000;
 pub const DEFAULT_SESSION_TTL_MS: u64 = 10 * 60_000;
 pub const MAX_SESSION_TTL_MS: u64 = 24 * 3_600_000;
@@ -156,6 +158,7 @@ struct FileServer {
     idle_timeout: Option<String>,
     tunnel_idle_timeout: Option<String>,
     max_request_body_bytes: Option<u64>,
+    workers: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -310,6 +313,8 @@ pub struct ServerConfig {
     pub tunnel_idle_timeout: Duration,
     /// Largest request body forwarded; larger ones get 413.
     pub max_request_body_bytes: u64,
+    /// Threads serving the proxy port, each with a runtime of its own (see [`crate::workers`]).
+    pub workers: usize,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -1001,6 +1006,15 @@ impl Validator {
         if max_request_body_bytes == 0 {
             self.problem("server.max_request_body_bytes", "must be greater than zero");
         }
+        let workers = s.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        if !(1..=MAX_WORKERS).contains(&workers) {
+            self.problem(
+                "server.workers",
+                format!("must be between 1 and {MAX_WORKERS}"),
+            );
+        }
         if s.admin_token.as_deref().is_some_and(|t| t.len() < 16) {
             self.problem("server.admin_token", "must be at least 16 characters");
         }
@@ -1054,6 +1068,7 @@ impl Validator {
                 DEFAULT_TUNNEL_IDLE_TIMEOUT_MS,
             ),
             max_request_body_bytes,
+            workers,
         }
     }
 
@@ -1818,6 +1833,29 @@ mod tests {
         assert_eq!(p.strategy, Strategy::LeastUsed);
         assert_eq!(p.retries, DEFAULT_RETRIES);
         assert_eq!(c.store, StoreConfig::Memory);
+    }
+
+    #[test]
+    fn workers_default_to_the_cores_and_out_of_range_counts_are_refused_by_key() {
+        let c = Config::parse("[pools.default]\nupstreams = [\"direct://\"]\n", "t", None).unwrap();
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        assert_eq!(c.server.workers, cores);
+        let c = Config::parse(
+            "[server]\nworkers = 3\n[pools.default]\nupstreams = [\"direct://\"]\n",
+            "t",
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.server.workers, 3);
+        for bad in ["0", "1025"] {
+            let p = problems(&format!(
+                "[server]\nworkers = {bad}\n[pools.default]\nupstreams = [\"direct://\"]\n"
+            ));
+            assert!(
+                p.iter().any(|m| m.starts_with("server.workers: ")),
+                "{bad}: {p:?}"
+            );
+        }
     }
 
     #[test]

@@ -79,3 +79,4 @@ pub mod state;
 pub mod store;
 pub mod target;
 pub mod upstream;
+pub mod workers;

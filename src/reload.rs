@@ -116,6 +116,9 @@ fn fixed_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     if a.upstream_max_idle_per_key != b.upstream_max_idle_per_key {
         changed.push("server.upstream_max_idle_per_key");
     }
+    if a.workers != b.workers {
+        changed.push("server.workers");
+    }
     changed
 }
 
@@ -282,6 +285,11 @@ mod tests {
         let c =
             parse("[server]\nmax_connections = 5\n[pools.default]\nupstreams = [\"direct://\"]\n");
         assert!(fixed_changes(&a, &c).is_empty());
+        let d = parse(&format!(
+            "[server]\nworkers = {}\n[pools.default]\nupstreams = [\"direct://\"]\n",
+            a.server.workers + 1
+        ));
+        assert_eq!(fixed_changes(&a, &d), vec!["server.workers"]);
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! idle list when its response has been read to its end ([`Giveback`], the end guard of that
 //! body) and hyper says it is ready for another request; that is nearly always so at once, and a
 //! task waits for it otherwise.
+//!
+//! Each proxy worker thread has idle lists of its own ([`crate::workers::home`]): a connection's
+//! task runs on the thread that opened it, so a request sent on it from another thread would wake
+//! that thread twice for every exchange.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,7 +36,8 @@ pub struct ConnKey {
 }
 
 pub struct ConnPool {
-    idle: Mutex<IdleLists>,
+    /// By home thread (see the module doc); the last list also serves any thread past the end.
+    homes: Box<[Mutex<IdleLists>]>,
     max_idle_per_key: usize,
     idle_timeout: Duration,
 }
@@ -92,18 +97,27 @@ impl IdleLists {
 }
 
 impl ConnPool {
-    pub fn new(max_idle_per_key: usize, idle_timeout: Duration) -> Self {
+    /// A pool with idle lists for `homes` threads (worker threads and the main runtime).
+    pub fn new(homes: usize, max_idle_per_key: usize, idle_timeout: Duration) -> Self {
         ConnPool {
-            idle: Mutex::new(IdleLists::default()),
+            homes: (0..homes.max(1))
+                .map(|_| Mutex::new(IdleLists::default()))
+                .collect(),
             max_idle_per_key,
             idle_timeout,
         }
     }
 
+    /// This thread's idle lists, locked.
+    fn here(&self) -> std::sync::MutexGuard<'_, IdleLists> {
+        let i = crate::workers::home().min(self.homes.len() - 1);
+        self.homes[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// An idle connection for `key` that is still open, newest first.
     pub fn take(&self, key: &ConnKey) -> Option<SendRequest<OutBody>> {
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.here();
         let list = idle.get_mut(key)?;
         let mut found = None;
         while let Some(c) = list.pop() {
@@ -131,7 +145,7 @@ impl ConnPool {
     /// Puts `sender` on the idle list: dropped instead when the list is full of live ones.
     fn put(&self, key: ConnKey, sender: SendRequest<OutBody>) {
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.here();
         let list = idle.entry(key);
         // Stale and closed connections make room only when room is short: the sweep and `take`
         // skip them otherwise, and checking the whole list on every request cost more than that.
@@ -146,8 +160,11 @@ impl ConnPool {
     /// Closes connections idle for longer than the timeout; run periodically.
     pub fn sweep(&self) {
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.retain(|c| self.keeps(c, now));
+        for home in &self.homes {
+            home.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|c| self.keeps(c, now));
+        }
     }
 
     /// Whether an idle connection is still worth keeping: open, and idle for less than the timeout.
@@ -157,7 +174,9 @@ impl ConnPool {
 
     /// Drops every idle connection (shutdown).
     pub fn clear(&self) {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        for home in &self.homes {
+            home.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
     }
 }
 
