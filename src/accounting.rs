@@ -1,6 +1,7 @@
 //! Request accounting: every request the proxy accepts ends exactly once, as completed, rejected
 //! or failed, so that `accepted = completed + rejected + failed + in_flight` holds in every
-//! `/status` snapshot (the figures change under one lock).
+//! `/status` snapshot. The figures are kept per thread ([`PerThread`]), each part changing under
+//! its own lock, and a snapshot holds every part's lock at once.
 //!
 //! - accepted: hyper parsed a request head and handed it to the proxy service;
 //! - rejected: the gateway refused it with a 4xx of its own (auth, policy, malformed, too large);
@@ -16,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 use crate::limits::EndGuard;
+use crate::workers::PerThread;
 
 /// How an accepted request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,34 +40,44 @@ pub struct RequestCounts {
 }
 
 /// The gateway's traffic counters.
-#[derive(Default)]
 pub struct Counters {
-    requests: Mutex<RequestCounts>,
+    requests: PerThread<Mutex<RequestCounts>>,
     tunnels_open: AtomicU64,
     tunnels_total: AtomicU64,
 }
 
 impl Counters {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// Counters for `threads` proxy worker threads (see [`crate::workers`]) and the rest.
+    pub fn new(threads: usize) -> Arc<Self> {
+        Arc::new(Counters {
+            requests: PerThread::new(threads, Default::default),
+            tunnels_open: AtomicU64::new(0),
+            tunnels_total: AtomicU64::new(0),
+        })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, RequestCounts> {
-        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self, part: usize) -> std::sync::MutexGuard<'_, RequestCounts> {
+        self.requests
+            .get(part)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts a request as accepted; the ticket settles it.
     pub fn accept(self: &Arc<Self>) -> Ticket {
-        let mut c = self.lock();
+        let part = self.requests.index_here();
+        let mut c = self.lock(part);
         c.accepted += 1;
         c.in_flight += 1;
         Ticket {
             counters: Some(self.clone()),
+            part,
         }
     }
 
-    fn settle(&self, end: End) {
-        let mut c = self.lock();
+    /// Settles in the part the request was accepted in, wherever it ends.
+    fn settle(&self, part: usize, end: End) {
+        let mut c = self.lock(part);
         c.in_flight = c.in_flight.saturating_sub(1);
         match end {
             End::Completed => c.completed += 1,
@@ -76,11 +88,26 @@ impl Counters {
 
     /// Counts a request head sent to an upstream.
     pub fn forwarded(&self) {
-        self.lock().forwarded += 1;
+        self.lock(self.requests.index_here()).forwarded += 1;
     }
 
+    /// The sum over every thread's part, all locked at once (always in the same order).
     pub fn requests(&self) -> RequestCounts {
-        *self.lock()
+        let parts: Vec<_> = self
+            .requests
+            .iter()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let mut sum = RequestCounts::default();
+        for c in &parts {
+            sum.accepted += c.accepted;
+            sum.completed += c.completed;
+            sum.rejected += c.rejected;
+            sum.failed += c.failed;
+            sum.in_flight += c.in_flight;
+            sum.forwarded += c.forwarded;
+        }
+        sum
     }
 
     /// Counts a tunnel as open until the guard is dropped.
@@ -103,12 +130,14 @@ impl Counters {
 /// response was through), it counts as failed.
 pub struct Ticket {
     counters: Option<Arc<Counters>>,
+    /// The part of the counters it was accepted in.
+    part: usize,
 }
 
 impl Ticket {
     pub fn finish(mut self, end: End) {
         if let Some(c) = self.counters.take() {
-            c.settle(end);
+            c.settle(self.part, end);
         }
     }
 }
@@ -116,7 +145,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Some(c) = self.counters.take() {
-            c.settle(End::Failed);
+            c.settle(self.part, End::Failed);
         }
     }
 }
@@ -182,8 +211,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tickets_from_worker_threads_sum_up_even_when_settled_on_another_thread() {
+        let c = Counters::new(2);
+        let on = |home: usize, c: Arc<Counters>| {
+            std::thread::spawn(move || {
+                crate::workers::set_home(home);
+                let kept = c.accept();
+                c.accept().finish(End::Completed);
+                c.forwarded();
+                kept
+            })
+            .join()
+            .unwrap()
+        };
+        let a = on(1, c.clone());
+        let b = on(2, c.clone());
+        let r = c.requests();
+        assert_eq!(
+            (r.accepted, r.completed, r.in_flight, r.forwarded),
+            (4, 2, 2, 2)
+        );
+        // Settled here (home 0), each counts where it was accepted: nothing is clamped at zero.
+        a.finish(End::Rejected);
+        drop(b);
+        let r = c.requests();
+        assert_eq!(
+            r,
+            RequestCounts {
+                accepted: 4,
+                completed: 2,
+                rejected: 1,
+                failed: 1,
+                in_flight: 0,
+                forwarded: 2,
+            }
+        );
+    }
+
+    #[test]
     fn every_ticket_ends_once_and_the_sum_holds() {
-        let c = Counters::new();
+        let c = Counters::new(0);
         let a = c.accept();
         let b = c.accept();
         let d = c.accept();

@@ -191,7 +191,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
 
     let gw = Arc::new(Gateway {
         conns: Arc::new(ConnPool::new(
-            options.proxy_threads + 1,
+            options.proxy_threads,
             server.upstream_max_idle_per_key,
             server.upstream_idle_timeout,
         )),
@@ -213,7 +213,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         policy,
         auth: Authenticator::new(),
         client_conns: ClientConns::new(),
-        counters: Counters::new(),
+        counters: Counters::new(options.proxy_threads),
         config_path: options.config_path,
         reloads: tokio::sync::Mutex::new(reload::ReloadLog {
             generation: 1,

@@ -14,6 +14,7 @@ use std::cell::Cell;
 use std::io;
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -28,6 +29,42 @@ thread_local! {
 /// or every thread when the gateway serves on its caller's runtime).
 pub fn home() -> usize {
     HOME.get()
+}
+
+/// Makes this thread worker thread `index` (from 1) for [`home`].
+pub(crate) fn set_home(index: usize) {
+    HOME.set(index);
+}
+
+/// One `T` for each worker thread and one for every other thread, each on cache lines of its
+/// own: state that every request writes stays on the core of the thread that writes it, instead
+/// of its lines passing between cores on every request.
+pub struct PerThread<T>(Box<[CachePadded<T>]>);
+
+impl<T> PerThread<T> {
+    /// Room for `threads` worker threads (a thread whose [`home`] is past them uses the last).
+    pub fn new(threads: usize, mut make: impl FnMut() -> T) -> Self {
+        PerThread((0..=threads).map(|_| CachePadded::new(make())).collect())
+    }
+
+    /// The index of this thread's `T`.
+    pub fn index_here(&self) -> usize {
+        home().min(self.0.len() - 1)
+    }
+
+    /// This thread's `T`.
+    pub fn here(&self) -> &T {
+        &self.0[self.index_here()]
+    }
+
+    /// The `T` at `index` (from [`PerThread::index_here`]).
+    pub fn get(&self, index: usize) -> &T {
+        &self.0[index.min(self.0.len() - 1)]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.0.iter().map(|t| &**t)
+    }
 }
 
 /// Running worker threads. Dropped (at the end of shutdown, or with the gateway), they stop
@@ -63,7 +100,7 @@ pub async fn start(
         std::thread::Builder::new()
             .name(format!("poolgate-proxy-{index}"))
             .spawn(move || {
-                HOME.set(index);
+                set_home(index);
                 runtime.block_on(async move {
                     let listener = match TcpListener::from_std(listener) {
                         Ok(l) => {

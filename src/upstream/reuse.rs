@@ -23,6 +23,7 @@ use crate::fast_map::FastMap;
 use crate::limits::EndGuard;
 use crate::target::Target;
 use crate::upstream::UpstreamId;
+use crate::workers::PerThread;
 
 /// Body of a request sent upstream: the client's (through its size limit), or empty when a
 /// request is replayed.
@@ -36,8 +37,8 @@ pub struct ConnKey {
 }
 
 pub struct ConnPool {
-    /// By home thread (see the module doc); the last list also serves any thread past the end.
-    homes: Box<[Mutex<IdleLists>]>,
+    /// By home thread (see the module doc).
+    homes: PerThread<Mutex<IdleLists>>,
     max_idle_per_key: usize,
     idle_timeout: Duration,
 }
@@ -97,12 +98,10 @@ impl IdleLists {
 }
 
 impl ConnPool {
-    /// A pool with idle lists for `homes` threads (worker threads and the main runtime).
-    pub fn new(homes: usize, max_idle_per_key: usize, idle_timeout: Duration) -> Self {
+    /// A pool with idle lists for `threads` worker threads and one for every other thread.
+    pub fn new(threads: usize, max_idle_per_key: usize, idle_timeout: Duration) -> Self {
         ConnPool {
-            homes: (0..homes.max(1))
-                .map(|_| Mutex::new(IdleLists::default()))
-                .collect(),
+            homes: PerThread::new(threads, Default::default),
             max_idle_per_key,
             idle_timeout,
         }
@@ -110,8 +109,7 @@ impl ConnPool {
 
     /// This thread's idle lists, locked.
     fn here(&self) -> std::sync::MutexGuard<'_, IdleLists> {
-        let i = crate::workers::home().min(self.homes.len() - 1);
-        self.homes[i].lock().unwrap_or_else(|e| e.into_inner())
+        self.homes.here().lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// An idle connection for `key` that is still open, newest first.
@@ -160,7 +158,7 @@ impl ConnPool {
     /// Closes connections idle for longer than the timeout; run periodically.
     pub fn sweep(&self) {
         let now = Instant::now();
-        for home in &self.homes {
+        for home in self.homes.iter() {
             home.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .retain(|c| self.keeps(c, now));
@@ -174,7 +172,7 @@ impl ConnPool {
 
     /// Drops every idle connection (shutdown).
     pub fn clear(&self) {
-        for home in &self.homes {
+        for home in self.homes.iter() {
             home.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
     }
