@@ -169,9 +169,26 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     }
     let server = &config.server;
     let intercept = Arc::new(Interceptor::from_config(config.intercept.as_ref())?);
-    let proxy_listener = bind("server.listen", server.listen).await?;
+    let proxy_listener = if options.proxy_threads == 0 {
+        ProxyListener::Here(bind("server.listen", server.listen).await?)
+    } else {
+        ProxyListener::Workers(workers::bind(server.listen, options.proxy_threads).map_err(
+            |source| StartError::Bind {
+                key: "server.listen",
+                addr: server.listen,
+                source,
+            },
+        )?)
+    };
     let admin_listener = bind("server.admin_listen", server.admin_listen).await?;
-    let proxy_addr = local_addr("server.listen", &proxy_listener)?;
+    let proxy_addr = match &proxy_listener {
+        ProxyListener::Here(l) => local_addr("server.listen", l)?,
+        ProxyListener::Workers(ls) => ls[0].local_addr().map_err(|source| StartError::Bind {
+            key: "server.listen",
+            addr: server.listen,
+            source,
+        })?,
+    };
     let admin_addr = local_addr("server.admin_listen", &admin_listener)?;
     let policy = Arc::new(ArcSwap::from_pointee(TargetPolicy::new(
         config.policy.clone(),
@@ -224,20 +241,23 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     });
 
     let mut listeners = tokio::task::JoinSet::new();
-    let workers = if options.proxy_threads == 0 {
-        listeners.spawn(server::serve(
-            gw.clone(),
-            proxy_listener,
-            server::Listener::Proxy,
-            proxy::handle,
-        ));
-        None
-    } else {
-        let (workers, stopped) = workers::start(&gw, proxy_listener, options.proxy_threads)
-            .await
-            .map_err(StartError::Workers)?;
-        listeners.spawn(stopped);
-        Some(workers)
+    let workers = match proxy_listener {
+        ProxyListener::Here(listener) => {
+            listeners.spawn(server::serve(
+                gw.clone(),
+                listener,
+                server::Listener::Proxy,
+                proxy::handle,
+            ));
+            None
+        }
+        ProxyListener::Workers(sockets) => {
+            let (workers, stopped) = workers::start(&gw, sockets)
+                .await
+                .map_err(StartError::Workers)?;
+            listeners.spawn(stopped);
+            Some(workers)
+        }
     };
     listeners.spawn(server::serve(
         gw.clone(),
@@ -289,6 +309,12 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         listeners,
         workers,
     })
+}
+
+/// The proxy port: served on the caller's runtime, or by worker threads with a socket each.
+enum ProxyListener {
+    Here(TcpListener),
+    Workers(Vec<std::net::TcpListener>),
 }
 
 async fn bind(key: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {

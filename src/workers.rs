@@ -7,11 +7,15 @@
 //! shared queues. Everything else (admin, probes, health ticks, the Redis client's connection)
 //! stays on the main runtime.
 //!
-//! The threads share one listening socket: each registers its own handle with its own runtime,
-//! and whichever is free takes the next connection.
+//! On Linux each thread listens on a socket of its own, all bound to the proxy address with
+//! `SO_REUSEPORT`, and the kernel hands each new connection to one of them. Threads sharing one
+//! socket would all be woken for every connection and all but one find nothing to accept: an
+//! `epoll_wait` and a failed `accept4` per connection per idle thread, which a CONNECT load (a new
+//! connection per tunnel) pays in full. Elsewhere the threads share one socket.
 
 use std::cell::Cell;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -73,23 +77,67 @@ pub struct Workers {
     _exit: DropGuard,
 }
 
-/// Starts `threads` workers serving the proxy port of `gw` on `listener`, once each has its
-/// handle of the socket registered. The returned future ends once every worker has stopped
+/// Connections a listening socket queues before the gateway accepts them (as tokio's own bind).
+const BACKLOG: i32 = 1024;
+
+/// The proxy port's listening sockets, one for each of `threads` workers (at least one).
+///
+/// The address is first bound plainly, without `SO_REUSEPORT`: that bind fails, as a gateway's
+/// always has, when anything else holds the port, another gateway's reuse-port group included,
+/// instead of joining it and sharing its connections. It also settles port 0 to a real port.
+/// Then, on Linux, every worker's socket is bound to that address with `SO_REUSEPORT`.
+pub fn bind(addr: SocketAddr, threads: usize) -> io::Result<Vec<std::net::TcpListener>> {
+    let probe = socket(addr, false)?;
+    if !cfg!(target_os = "linux") || threads <= 1 {
+        probe.listen(BACKLOG)?;
+        let listener = std::net::TcpListener::from(probe);
+        return (0..threads.max(1)).map(|_| listener.try_clone()).collect();
+    }
+    let addr = probe
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("the proxy socket has no IP address"))?;
+    drop(probe);
+    (0..threads)
+        .map(|_| {
+            let s = socket(addr, true)?;
+            s.listen(BACKLOG)?;
+            Ok(s.into())
+        })
+        .collect()
+}
+
+/// A TCP socket bound to `addr`, non-blocking, with `SO_REUSEADDR` (as tokio's bind) and, when
+/// `shared` (Linux only), `SO_REUSEPORT`.
+fn socket(addr: SocketAddr, shared: bool) -> io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    s.set_nonblocking(true)?;
+    #[cfg(unix)]
+    s.set_reuse_address(true)?;
+    #[cfg(target_os = "linux")]
+    s.set_reuse_port(shared)?;
+    #[cfg(not(target_os = "linux"))]
+    let _ = shared;
+    s.bind(&addr.into())?;
+    Ok(s)
+}
+
+/// Starts one worker serving the proxy port of `gw` on each of `listeners` (from [`bind`]), once
+/// each has its socket registered. The returned future ends once every worker has stopped
 /// accepting (at shutdown).
 pub async fn start(
     gw: &Arc<Gateway>,
-    listener: TcpListener,
-    threads: usize,
+    listeners: Vec<std::net::TcpListener>,
 ) -> io::Result<(Workers, impl Future<Output = ()> + Send + 'static)> {
-    let listener = listener.into_std()?;
+    let threads = listeners.len();
     let exit = CancellationToken::new();
     // Made first: a worker that fails to start stops the ones started before it.
     let workers = Workers {
         _exit: exit.clone().drop_guard(),
     };
     let mut stopped = Vec::with_capacity(threads);
-    for index in 1..=threads {
-        let listener = listener.try_clone()?;
+    for (index, listener) in (1..=threads).zip(listeners) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;

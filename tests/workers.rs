@@ -85,3 +85,49 @@ async fn worker_threads_serve_both_paths_reuse_upstream_connections_and_drain_cl
         "the proxy port still accepts after shutdown"
     );
 }
+
+/// Worker threads listen with `SO_REUSEPORT` (on Linux), which would let a second gateway started
+/// on the same port join the group and take a share of its connections. It must fail to start
+/// instead, as it would on a plain socket, and the first must go on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_on_a_taken_proxy_port_fails_to_start_and_the_first_keeps_serving() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let config = |listen: &str| {
+        format!(
+            "[server]\nlisten = \"{listen}\"\nadmin_listen = \"127.0.0.1:0\"\n\
+             [policy]\nallow_private_targets = true\n\
+             [pools.default]\nupstreams = [\"{}\"]\n",
+            upstream.url()
+        )
+    };
+    let options = || StartOptions {
+        proxy_threads: 2,
+        ..StartOptions::default()
+    };
+    let gw = TestGateway::start_text_with(&config("127.0.0.1:0"), options()).await;
+
+    let second = poolgate::config::Config::parse(&config(&gw.proxy.to_string()), "test", None)
+        .expect("config parses");
+    let err = match poolgate::app::start_with(second, options()).await {
+        Ok(_) => panic!("a second gateway started on {}", gw.proxy),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("server.listen"), "{err}");
+    assert!(err.contains("in use"), "{err}");
+
+    // Every connection still reaches the first gateway: none is handed to a half-started second.
+    let client = gw.client();
+    for _ in 0..8 {
+        let client = reqwest::Client::builder()
+            .proxy(reqwest::Proxy::all(gw.proxy_url()).unwrap())
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let resp = client.get(origin.url("/ok")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let resp = client.get(origin.url("/ok")).send().await.unwrap();
+    assert_eq!(resp.text().await.unwrap(), "ok");
+    assert_eq!(upstream.requests(), 9);
+}
