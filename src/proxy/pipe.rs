@@ -127,8 +127,11 @@ where
     let mut down_done = false;
     let mut no_reply = false;
     let mut watching = no_reply_deadline.is_some();
+    // Armed once, not at every turn of the loop: a timer costs as much to arm and drop as the
+    // rest of a short tunnel's bookkeeping.
+    let no_reply_at = tokio::time::sleep_until(no_reply_deadline.unwrap_or(start));
+    tokio::pin!(no_reply_at);
     while !(up_done && down_done) {
-        let deadline = no_reply_deadline.unwrap_or(start);
         tokio::select! {
             end = &mut to_upstream, if !up_done => {
                 up_done = true;
@@ -146,7 +149,7 @@ where
                 first_end.get_or_insert((side, end, start.elapsed()));
                 if failed { break; }
             }
-            _ = tokio::time::sleep_until(deadline), if watching => {
+            _ = &mut no_reply_at, if watching => {
                 watching = false;
                 let tls = client_first.load(Ordering::Relaxed) == u16::from(TLS_HANDSHAKE);
                 if tls && down_bytes.load(Ordering::Relaxed) == 0 {
@@ -190,14 +193,17 @@ impl<T: Readable> Readable for Tracked<T> {
 /// side), to say whose socket failed.
 ///
 /// An idle direction holds no copy buffer. Reading a bare socket, it waits for readiness alone
-/// and then reads into a [`BUF_BYTES`] buffer. Any other stream it waits on with a 64-byte buffer
-/// (what an empty `BytesMut` reserves when first read into): a short message is written from it
-/// as is, and one that fills it takes a [`BUF_BYTES`] buffer together with whatever else can be
-/// read at once, so the bytes go out in one write. The direction keeps that buffer while bytes
-/// keep coming and gives it back after [`KEEP_BUFFER`] without any. A read that fills the buffer
-/// doubles it for the next one, up to [`MAX_BUF_BYTES`]. Neither is zeroed. An idle tunnel so
-/// holds at most 128 bytes of buffers rather than two zeroed 16 KiB ones, and a bulk transfer
-/// never drops its buffer mid-stream.
+/// and then reads into a buffer of [`BUF_BYTES`] or more; it keeps that buffer for the next read
+/// only when this one filled it (more is likely waiting), and otherwise gives it back at once and
+/// waits on readiness again: no timer per read, and a drained socket holds nothing. Any other
+/// stream it waits on with a 64-byte buffer (what an empty `BytesMut` reserves when first read
+/// into): a short message is written from it as is, and one that fills it takes a [`BUF_BYTES`]
+/// buffer together with whatever else can be read at once, so the bytes go out in one write; that
+/// buffer is kept while bytes keep coming and given back after [`KEEP_BUFFER`] without any. A read
+/// that fills the buffer doubles it for the next one, up to [`MAX_BUF_BYTES`], and a bare
+/// socket's next buffer keeps that size. Neither is zeroed. An idle tunnel so holds at most 128
+/// bytes of buffers rather than two zeroed 16 KiB ones, and a bulk transfer keeps its buffer
+/// while its reads fill it.
 async fn pump<R, W>(
     r: &mut R,
     w: &mut W,
@@ -211,6 +217,8 @@ where
 {
     let mut small = BytesMut::new();
     let mut big: Option<BytesMut> = None;
+    // The size of a bare socket's next buffer: grows with reads that fill it.
+    let mut next_size = BUF_BYTES;
     let mut ended = false;
     while !ended {
         let chunk = match big.take() {
@@ -231,7 +239,7 @@ where
                     if let Err(e) = socket.readable().await {
                         return End::Error(sides.0, e);
                     }
-                    let mut buf = BytesMut::with_capacity(BUF_BYTES);
+                    let mut buf = BytesMut::with_capacity(next_size);
                     match r.read_buf(&mut buf).await {
                         Ok(0) => break,
                         Ok(_) => Some(buf),
@@ -274,12 +282,18 @@ where
             return End::Error(sides.1, e);
         }
         count.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        big = chunk.map(|buf| {
-            // Reads fill it: more is coming than it holds.
-            if buf.len() == buf.capacity() && buf.capacity() < MAX_BUF_BYTES {
-                BytesMut::with_capacity(buf.capacity() * 2)
+        big = chunk.and_then(|buf| {
+            let filled = buf.len() == buf.capacity();
+            if !filled && r.socket().is_some() {
+                // The socket is drained: wait on its readiness without the buffer.
+                next_size = buf.capacity();
+                None
+            } else if filled && buf.capacity() < MAX_BUF_BYTES {
+                // Reads fill it: more is coming than it holds.
+                next_size = buf.capacity() * 2;
+                Some(BytesMut::with_capacity(next_size))
             } else {
-                buf
+                Some(buf)
             }
         });
     }
