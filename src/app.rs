@@ -169,25 +169,22 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     }
     let server = &config.server;
     let intercept = Arc::new(Interceptor::from_config(config.intercept.as_ref())?);
+    let listen_failed = |source| StartError::Bind {
+        key: "server.listen",
+        addr: server.listen,
+        source,
+    };
     let proxy_listener = if options.proxy_threads == 0 {
         ProxyListener::Here(bind("server.listen", server.listen).await?)
     } else {
-        ProxyListener::Workers(workers::bind(server.listen, options.proxy_threads).map_err(
-            |source| StartError::Bind {
-                key: "server.listen",
-                addr: server.listen,
-                source,
-            },
-        )?)
+        ProxyListener::Workers(
+            workers::bind(server.listen, options.proxy_threads).map_err(listen_failed)?,
+        )
     };
     let admin_listener = bind("server.admin_listen", server.admin_listen).await?;
     let proxy_addr = match &proxy_listener {
         ProxyListener::Here(l) => local_addr("server.listen", l)?,
-        ProxyListener::Workers(ls) => ls[0].local_addr().map_err(|source| StartError::Bind {
-            key: "server.listen",
-            addr: server.listen,
-            source,
-        })?,
+        ProxyListener::Workers(ls) => ls[0].local_addr().map_err(listen_failed)?,
     };
     let admin_addr = local_addr("server.admin_listen", &admin_listener)?;
     let policy = Arc::new(ArcSwap::from_pointee(TargetPolicy::new(

@@ -8,10 +8,10 @@
 //! stays on the main runtime.
 //!
 //! On Linux each thread listens on a socket of its own, all bound to the proxy address with
-//! `SO_REUSEPORT`, and the kernel hands each new connection to one of them. Threads sharing one
-//! socket would all be woken for every connection and all but one find nothing to accept: an
-//! `epoll_wait` and a failed `accept4` per connection per idle thread, which a CONNECT load (a new
-//! connection per tunnel) pays in full. Elsewhere the threads share one socket.
+//! `SO_REUSEPORT`, and the kernel spreads new connections evenly over them (by their addresses).
+//! On one shared socket, whichever thread wakes first takes a burst of connections, and a
+//! client's long-lived connections can end up mostly on one thread while another idles.
+//! Elsewhere the threads share one socket.
 
 use std::cell::Cell;
 use std::io;
