@@ -1563,7 +1563,7 @@ impl Validator {
                     Some("https") => true,
                     _ => return None,
                 };
-                let target = crate::target::Target::from_uri(&uri, None)?;
+                let target = crate::target::Target::from_uri(&uri, None).ok()?;
                 Some((uri, target, https))
             });
             match parsed {

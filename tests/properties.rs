@@ -1,5 +1,5 @@
 //! Property tests: no input makes the config parser, the proxy-username grammar or the session
-//! parser panic.
+//! parser panic; every spelling of an IPv4 address canonicalises to the address it means.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use base64::Engine as _;
@@ -131,6 +131,57 @@ proptest! {
             h.insert("x-pool-session", v.clone());
             h.insert("proxy-authorization", v);
             let _ = session::parse(&h);
+        }
+    }
+}
+
+/// One IPv4 address written as `parts` numbers (the last filling the bytes the others leave),
+/// each in decimal, octal or (either case of) hexadecimal: every form `inet_aton` accepts.
+fn legacy_ipv4() -> impl Strategy<Value = (u32, String)> {
+    (
+        any::<u32>(),
+        1usize..=4,
+        prop::collection::vec(0u8..4, 4),
+        any::<bool>(),
+    )
+        .prop_map(|(addr, parts, radixes, trailing_dot)| {
+            let bytes = addr.to_be_bytes();
+            let mut numbers: Vec<u64> = bytes[..parts - 1].iter().map(|b| u64::from(*b)).collect();
+            let rest = bytes[parts - 1..]
+                .iter()
+                .fold(0u64, |n, b| (n << 8) | u64::from(*b));
+            numbers.push(rest);
+            let mut text: Vec<String> = numbers
+                .iter()
+                .zip(radixes)
+                .map(|(n, radix)| match radix {
+                    0 => format!("{n}"),
+                    1 => format!("0{n:o}"),
+                    2 => format!("0x{n:x}"),
+                    _ => format!("0X{n:X}"),
+                })
+                .collect();
+            if trailing_dot {
+                text.push(String::new());
+            }
+            (addr, text.join("."))
+        })
+}
+
+proptest! {
+    #[test]
+    fn every_ipv4_spelling_means_its_address((addr, text) in legacy_ipv4()) {
+        let canonical = std::net::Ipv4Addr::from(addr).to_string();
+        prop_assert_eq!(poolgate::target::canonical_host(&text), Ok(canonical));
+    }
+
+    #[test]
+    fn target_host_parser_never_panics_and_never_passes_a_numeric_name(raw in "[0-9a-fA-Fx.:%\\[\\]]{0,24}") {
+        if let Ok(host) = poolgate::target::canonical_host(&raw) {
+            let last = host.trim_end_matches('.').rsplit('.').next().unwrap_or_default().to_string();
+            let numeric = !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit());
+            // A host ending in a number is an address (`parse` succeeds), never a name.
+            prop_assert!(!numeric || host.parse::<std::net::IpAddr>().is_ok(), "{} -> {}", raw, host);
         }
     }
 }

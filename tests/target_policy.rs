@@ -188,3 +188,110 @@ async fn the_admin_api_is_not_reachable_through_the_proxy_port() {
     }
     assert_eq!(upstream.requests(), 0);
 }
+
+/// Spellings that `inet_aton` and WHATWG read as internal addresses: fewer parts, one integer,
+/// hexadecimal, octal, mixed, a trailing dot.
+const LEGACY_INTERNAL: [&str; 10] = [
+    "127.1",
+    "2130706433",
+    "0x7f000001",
+    "0x7f.0.0.1",
+    "0177.0.0.1",
+    "127.0.0.1.",
+    "0xa9fea9fe",
+    "169.254.43518",
+    "012.1",
+    "0",
+];
+
+/// Hosts whose last label is numeric but that mean no address, and hosts no DNS name has.
+const NOT_A_HOST: [&str; 6] = [
+    "127.0.0.256",
+    "1.2.3.4.5",
+    "09.1",
+    "foo.123",
+    "127..1",
+    "0x7g.1",
+];
+
+fn head_of(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    text.split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_an_internal_ipv4_is_denied_on_connect_and_absolute_form() {
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start(&format!(
+        "[pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url()
+    ))
+    .await;
+    for host in LEGACY_INTERNAL {
+        let head = head_of(
+            &common::raw_http(
+                gw.proxy,
+                format!("CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n").as_bytes(),
+            )
+            .await,
+        );
+        assert!(head.starts_with("http/1.1 403"), "CONNECT {host}: {head}");
+        assert!(
+            head.contains("x-pool-error: target-denied"),
+            "{host}: {head}"
+        );
+        assert!(head.contains("destination_ip_prohibited"), "{host}: {head}");
+        // Raw bytes: an HTTP client library would canonicalise the URL itself.
+        let head = head_of(
+            &common::raw_http(
+                gw.proxy,
+                format!(
+                    "GET http://{host}/latest/meta-data/ HTTP/1.1\r\nHost: {host}\r\n\
+                     Connection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await,
+        );
+        assert!(head.starts_with("http/1.1 403"), "GET {host}: {head}");
+        assert!(
+            head.contains("x-pool-error: target-denied"),
+            "{host}: {head}"
+        );
+        assert!(head.contains("proxy-status:"), "{host}: {head}");
+    }
+    for host in NOT_A_HOST {
+        for request in [
+            format!("CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n"),
+            format!("GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+        ] {
+            let head = head_of(&common::raw_http(gw.proxy, request.as_bytes()).await);
+            assert!(head.starts_with("http/1.1 400"), "{request:?}: {head}");
+            assert!(head.contains("x-pool-error: bad-request"), "{host}: {head}");
+        }
+    }
+    assert_eq!(upstream.connects() + upstream.requests(), 0, "nothing left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_legacy_spelling_reaches_the_upstream_as_its_dotted_quad() {
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_targets = [\"127.0.0.0/8\"]\n[pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url()
+    ))
+    .await;
+    for host in ["127.1", "2130706433", "0x7f.0.0.1", "0177.0.0.1"] {
+        let text = connect_status(&gw, &format!("{host}:443")).await;
+        assert!(!text.contains("target-denied"), "{host}: {text}");
+    }
+    let seen: Vec<String> = upstream.targets().into_iter().map(|(_, t)| t).collect();
+    assert_eq!(
+        seen,
+        vec!["127.0.0.1:443"; 4],
+        "the upstream never sees a legacy spelling"
+    );
+}

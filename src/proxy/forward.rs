@@ -21,7 +21,7 @@ use crate::limits::{self, BodyFault, LimitedBody, LookaheadFault};
 use crate::proxy::observe::Observed;
 use crate::proxy::{self, Body, framing, headers};
 use crate::state::Gateway;
-use crate::target::Target;
+use crate::target::{Target, TargetError};
 use crate::upstream::Upstream;
 use crate::upstream::connect::ConnectError;
 use crate::upstream::reuse::{ConnKey, OutBody};
@@ -31,8 +31,10 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Result<Response<Body>, ProxyError> {
-    let target = Target::from_uri(req.uri(), None)
-        .ok_or(ProxyError::BadRequest("the request URI has no usable host"))?;
+    let target = Target::from_uri(req.uri(), None).map_err(|e| match e {
+        TargetError::Unusable => ProxyError::BadRequest("the request URI has no usable host"),
+        TargetError::BadHost => ProxyError::BadRequest(e.message()),
+    })?;
     if !matches!(req.uri().scheme_str(), Some("http")) {
         return Err(ProxyError::BadRequest(
             "only http:// URIs are forwarded; use CONNECT for https",
