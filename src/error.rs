@@ -12,8 +12,8 @@ use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use thiserror::Error;
 
+use crate::body::Body;
 use crate::intercept::relay::OriginTlsFault;
-use crate::proxy::Body;
 use crate::ratelimit::Scope;
 use crate::session::SessionError;
 use crate::store::StoreError;

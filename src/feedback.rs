@@ -18,14 +18,13 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
+use crate::body::{self, Body};
 use crate::health::{self, Outcome};
-use crate::proxy::Body;
 use crate::session::SessionKey;
 use crate::state::Gateway;
 use crate::store::Store;
@@ -287,18 +286,8 @@ fn shown(s: &str) -> String {
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
-    let body = serde_json::to_vec(value).unwrap_or_default();
-    let mut r = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    body::typed(status, "application/json", bytes)
 }
 
 #[cfg(test)]

@@ -59,6 +59,7 @@ pub mod admin;
 pub mod admit;
 pub mod app;
 pub mod auth;
+pub mod body;
 pub mod config;
 pub mod error;
 pub mod fast_map;

@@ -14,16 +14,14 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
 use crate::admit::TargetPolicy;
+use crate::body::{self, Body};
 use crate::config::{Config, ConfigError};
 use crate::pool::PoolSet;
-use crate::proxy::Body;
 use crate::state::Gateway;
 use crate::store::{Store, StoreError};
 
@@ -247,18 +245,8 @@ fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
 }
 
 fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
-    let body = serde_json::to_vec_pretty(value).unwrap_or_default();
-    let mut r = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    let bytes = serde_json::to_vec_pretty(value).unwrap_or_default();
+    body::typed(status, "application/json", bytes)
 }
 
 #[cfg(test)]

@@ -13,8 +13,8 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::body::Body;
 use crate::health;
-use crate::proxy::Body;
 use crate::state::Gateway;
 use crate::store::Store;
 use crate::upstream::UpstreamId;
@@ -43,7 +43,7 @@ struct SessionAction {
 
 /// A JSON answer.
 pub fn reply(status: StatusCode, body: serde_json::Value) -> http::Response<Body> {
-    let mut r = super::full(status, body.to_string());
+    let mut r = crate::body::response(status, body.to_string());
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),

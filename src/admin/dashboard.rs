@@ -4,12 +4,12 @@
 
 use http::{HeaderValue, StatusCode, header};
 
-use crate::proxy::Body;
+use crate::body::Body;
 
 const PAGE: &str = include_str!("dashboard.html");
 
 pub fn page() -> http::Response<Body> {
-    let mut r = super::full(StatusCode::OK, PAGE);
+    let mut r = crate::body::response(StatusCode::OK, PAGE);
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -10,12 +10,10 @@ pub mod status;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
-use crate::proxy::Body;
+use crate::body::{self, Body};
 use crate::state::Gateway;
 
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
@@ -29,7 +27,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
         (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
         (&Method::GET, "/status") => match serde_json::to_vec_pretty(&status::collect(&gw).await) {
             Ok(json) => {
-                let mut r = full(StatusCode::OK, json);
+                let mut r = body::response(StatusCode::OK, json);
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
@@ -42,7 +40,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
         (_, "/admin/reload") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, "/metrics") => match gw.metrics.render(&status::collect(&gw).await) {
             Ok(body) => {
-                let mut r = full(StatusCode::OK, body);
+                let mut r = body::response(StatusCode::OK, body);
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static(
@@ -79,21 +77,6 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> 
     }
 }
 
-fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
-    let mut r = Response::new(
-        Full::new(body.into())
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *r.status_mut() = status;
-    r
-}
-
 fn text(status: StatusCode, body: &str) -> Response<Body> {
-    let mut r = full(status, body.to_string());
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
+    body::typed(status, "text/plain; charset=utf-8", body.to_string())
 }

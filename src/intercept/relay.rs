@@ -21,7 +21,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, Uri};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
@@ -32,15 +32,16 @@ use tokio::time::Instant;
 
 use super::certs::Leaf;
 use super::{HostPattern, InterceptStats, excluded};
+use crate::body::OutBody;
+use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::health::Outcome;
 use crate::pool::{Exchange, Lease};
+use crate::proxy::headers;
 use crate::proxy::observe::Observed;
-use crate::proxy::{Body, headers};
 use crate::state::Gateway;
 use crate::target::Target;
 use crate::upstream::connect::{BoxIo, Rewind};
-use crate::upstream::reuse::OutBody;
 use crate::upstream::{Upstream, UpstreamId};
 
 /// The client's side of a CONNECT, once upgraded.
@@ -527,7 +528,7 @@ impl Shared {
         let mut e = e;
         let retry = match (e.take_message(), replay) {
             (Some(req), _) => Some(req),
-            (None, Some(parts)) => Some(Request::from_parts(parts, empty())),
+            (None, Some(parts)) => Some(Request::from_parts(parts, body::empty_out())),
             (None, None) => None,
         };
         let protocol = |source| Failed {
@@ -565,12 +566,6 @@ impl Shared {
             })?;
         origin_connect(&self.gw, &self.upstream.id, &self.target, &self.name, io).await
     }
-}
-
-fn empty() -> OutBody {
-    Empty::<Bytes>::new()
-        .map_err(|never| match never {})
-        .boxed_unsync()
 }
 
 #[cfg(test)]

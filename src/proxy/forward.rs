@@ -8,23 +8,24 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
+use crate::body::OutBody;
+use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::limits::{self, BodyFault, LimitedBody, LookaheadFault};
 use crate::proxy::observe::Observed;
-use crate::proxy::{self, Body, framing, headers};
+use crate::proxy::{self, framing, headers};
 use crate::state::Gateway;
 use crate::target::{Target, TargetError};
 use crate::upstream::Upstream;
 use crate::upstream::connect::ConnectError;
-use crate::upstream::reuse::{ConnKey, OutBody};
+use crate::upstream::reuse::ConnKey;
 
 pub async fn handle(
     gw: &Arc<Gateway>,
@@ -196,7 +197,7 @@ async fn send(
             let unsent = e.take_message();
             let retry = match (reused, unsent, replay) {
                 (true, Some(req), _) => Some(req),
-                (true, None, Some(parts)) => Some(Request::from_parts(parts, empty())),
+                (true, None, Some(parts)) => Some(Request::from_parts(parts, body::empty_out())),
                 _ => None,
             };
             let Some(req) = retry else {
@@ -222,12 +223,6 @@ async fn send(
             source,
         }),
     }
-}
-
-fn empty() -> OutBody {
-    Empty::<Bytes>::new()
-        .map_err(|never| match never {})
-        .boxed_unsync()
 }
 
 fn body_is_empty<B: http_body::Body>(body: &B) -> bool {

@@ -15,9 +15,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
-use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
 use crate::accounting::{End, Ticket};
@@ -34,8 +32,7 @@ use crate::target::Target;
 use crate::upstream::connect::ConnectError;
 use crate::upstream::{Upstream, UpstreamId};
 
-/// Body of every response the proxy sends to a client.
-pub type Body = BoxBody<Bytes, hyper::Error>;
+use crate::body::Body;
 
 /// The proxy service: never fails, every error becomes its response here. Every request is
 /// counted as accepted and settled exactly once (see [`crate::accounting`]).

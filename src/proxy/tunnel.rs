@@ -16,20 +16,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::health::Outcome;
 use crate::intercept::{self, relay::Opening};
 use crate::limits::{Activity, Tracked};
 use crate::pool::Lease;
 use crate::proxy::pipe::{self, End, Side};
-use crate::proxy::{self, Body, headers};
+use crate::proxy::{self, headers};
 use crate::server::AfterUpgrade;
 use crate::state::Gateway;
 use crate::target::{Target, TargetError};
@@ -59,7 +59,7 @@ pub async fn handle(
     .await?;
     lease.mark_latency();
 
-    let mut resp = Response::new(Empty::new().map_err(|never| match never {}).boxed());
+    let mut resp = Response::new(body::empty());
     *resp.status_mut() = StatusCode::OK;
     let session = route.session.as_ref().map(|s| s.key.as_str().to_string());
     if let Some(up) = lease.upstream() {

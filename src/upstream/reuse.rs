@@ -14,8 +14,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::combinators::UnsyncBoxBody;
 use hyper::client::conn::http1::SendRequest;
 use tokio::time::Instant;
 
@@ -25,9 +23,7 @@ use crate::target::Target;
 use crate::upstream::UpstreamId;
 use crate::workers::PerThread;
 
-/// Body of a request sent upstream: the client's (through its size limit), or empty when a
-/// request is replayed.
-pub type OutBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+use crate::body::OutBody;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConnKey {
