@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 use crate::limits::EndGuard;
-use crate::workers::PerThread;
+use crate::per_thread::PerThread;
 
 /// How an accepted request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,7 +215,7 @@ mod tests {
         let c = Counters::new(2);
         let on = |home: usize, c: Arc<Counters>| {
             std::thread::spawn(move || {
-                crate::workers::set_home(home);
+                crate::per_thread::set_home(home);
                 let kept = c.accept();
                 c.accept().finish(End::Completed);
                 c.forwarded();

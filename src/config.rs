@@ -1207,7 +1207,7 @@ impl Validator {
                     String::new()
                 }
                 // Never echo the value: a plain password pasted here by mistake stays private.
-                Some(h) if crate::auth::check_hash(h).is_err() => {
+                Some(h) if crate::password::check_hash(h).is_err() => {
                     self.problem(
                         &format!("{key}.password_hash"),
                         "not an argon2 hash (expected `$argon2id$...`, from `poolgate hash-password`)",

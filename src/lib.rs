@@ -67,6 +67,8 @@ pub mod feedback;
 pub mod health;
 pub mod intercept;
 pub mod limits;
+pub mod password;
+pub mod per_thread;
 pub mod pool;
 pub mod probe;
 pub mod proxy;

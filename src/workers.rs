@@ -1,7 +1,7 @@
 //! Proxy worker threads: one single-threaded runtime per thread, all accepting on the proxy port.
 //!
 //! A client connection lives its whole life on the thread that accepted it, and so do the
-//! upstream connections it opens and the idle ones it reuses ([`home`] picks the thread's own
+//! upstream connections it opens and the idle ones it reuses ([`crate::per_thread::home`] picks the thread's own
 //! idle lists in [`crate::upstream::reuse`]): a request and the upstream connection it travels on
 //! wake each other on one thread, without the work-stealing scheduler's cross-thread wake-ups and
 //! shared queues. Everything else (admin, probes, health ticks, the Redis client's connection)
@@ -13,63 +13,16 @@
 //! client's long-lived connections can end up mostly on one thread while another idles.
 //! Elsewhere the threads share one socket.
 
-use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crossbeam_utils::CachePadded;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::per_thread::set_home;
 use crate::state::Gateway;
 use crate::{proxy, server};
-
-thread_local! {
-    static HOME: Cell<usize> = const { Cell::new(0) };
-}
-
-/// The index of the worker thread this runs on, from 1; 0 on any other thread (the main runtime,
-/// or every thread when the gateway serves on its caller's runtime).
-pub fn home() -> usize {
-    HOME.get()
-}
-
-/// Makes this thread worker thread `index` (from 1) for [`home`].
-pub(crate) fn set_home(index: usize) {
-    HOME.set(index);
-}
-
-/// One `T` for each worker thread and one for every other thread, each on cache lines of its
-/// own: state that every request writes stays on the core of the thread that writes it, instead
-/// of its lines passing between cores on every request.
-pub struct PerThread<T>(Box<[CachePadded<T>]>);
-
-impl<T> PerThread<T> {
-    /// Room for `threads` worker threads (a thread whose [`home`] is past them uses the last).
-    pub fn new(threads: usize, mut make: impl FnMut() -> T) -> Self {
-        PerThread((0..=threads).map(|_| CachePadded::new(make())).collect())
-    }
-
-    /// The index of this thread's `T`.
-    pub fn index_here(&self) -> usize {
-        home().min(self.0.len() - 1)
-    }
-
-    /// This thread's `T`.
-    pub fn here(&self) -> &T {
-        &self.0[self.index_here()]
-    }
-
-    /// The `T` at `index` (from [`PerThread::index_here`]).
-    pub fn get(&self, index: usize) -> &T {
-        &self.0[index.min(self.0.len() - 1)]
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
-        self.0.iter().map(|t| &**t)
-    }
-}
 
 /// Running worker threads. Dropped (at the end of shutdown, or with the gateway), they stop
 /// accepting if they have not yet, and their runtimes end with whatever is still on them.

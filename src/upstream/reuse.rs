@@ -6,7 +6,7 @@
 //! body) and hyper says it is ready for another request; that is nearly always so at once, and a
 //! task waits for it otherwise.
 //!
-//! Each proxy worker thread has idle lists of its own ([`crate::workers::home`]): a connection's
+//! Each proxy worker thread has idle lists of its own ([`crate::per_thread::home`]): a connection's
 //! task runs on the thread that opened it, so a request sent on it from another thread would wake
 //! that thread twice for every exchange.
 
@@ -19,9 +19,9 @@ use tokio::time::Instant;
 
 use crate::fast_map::FastMap;
 use crate::limits::EndGuard;
+use crate::per_thread::PerThread;
 use crate::target::Target;
 use crate::upstream::UpstreamId;
-use crate::workers::PerThread;
 
 use crate::body::OutBody;
 
