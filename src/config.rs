@@ -323,7 +323,7 @@ pub enum StoreConfig {
     Memory,
     /// Shared by many instances.
     Redis {
-        /// May hold a password: shown only through `store::redis::redact`.
+        /// May hold a password: shown only through `store_url::redact`.
         url: String,
         /// Bound on each Redis call; past it the instance serves from its local view.
         timeout: Duration,
@@ -343,7 +343,7 @@ impl fmt::Debug for StoreConfig {
                 key_prefix,
             } => f
                 .debug_struct("Redis")
-                .field("url", &crate::store::redis::redact(url))
+                .field("url", &crate::store_url::redact(url))
                 .field("timeout", timeout)
                 .field("key_prefix", key_prefix)
                 .finish(),
@@ -1088,18 +1088,18 @@ impl Validator {
         match (kind, &s.url) {
             ("memory", _) => StoreConfig::Memory,
             ("redis", Some(url)) => {
-                if let Err(e) = crate::store::redis::parse_target(url) {
+                if let Err(e) = crate::store_url::parse_target(url) {
                     self.problem("store.url", e);
                 }
                 let timeout = self.duration(
                     "store.timeout",
                     s.timeout.as_deref(),
-                    crate::store::redis::DEFAULT_TIMEOUT_MS,
+                    crate::store_url::DEFAULT_TIMEOUT_MS,
                 );
                 let key_prefix = s
                     .key_prefix
                     .clone()
-                    .unwrap_or_else(|| crate::store::redis::DEFAULT_KEY_PREFIX.to_string());
+                    .unwrap_or_else(|| crate::store_url::DEFAULT_KEY_PREFIX.to_string());
                 if key_prefix.is_empty()
                     || key_prefix.len() > 64
                     || !key_prefix

@@ -80,6 +80,7 @@ pub mod shutdown;
 pub mod sources;
 pub mod state;
 pub mod store;
+pub mod store_url;
 pub mod target;
 pub mod upstream;
 pub mod workers;

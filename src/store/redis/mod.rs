@@ -33,7 +33,7 @@ mod scripts;
 mod stats;
 mod stock;
 
-pub use keys::{DEFAULT_KEY_PREFIX, Target, parse_target, redact};
+pub use crate::store_url::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT_MS, Target, parse_target, redact};
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -61,8 +61,6 @@ use batch::Batcher;
 use keys::{PoolKeys, lock_key};
 use scripts::{AcquireReply, Call};
 
-/// Default bound on one Redis call (`[store] timeout`).
-pub const DEFAULT_TIMEOUT_MS: u64 = 250;
 /// Bound on declaring a pool, which writes every member once (large pools take longer).
 const CONFIGURE_TIMEOUT: Duration = Duration::from_secs(5);
 /// First and longest pause between reconnection attempts.
