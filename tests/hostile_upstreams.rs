@@ -330,3 +330,76 @@ async fn malformed_upstream_responses_give_clean_502s() {
     let (accepted, completed, rejected, failed, in_flight) = gw.request_counts().await;
     assert_eq!(accepted, completed + rejected + failed + in_flight);
 }
+
+/// The class: a 1xx that reaches the gateway as a final answer to a request that asked for no
+/// upgrade (a bare 101, a 101 with `Upgrade`, one after an interim 100, an unknown 1xx hyper
+/// treats as final). Each ends in a 502 `upstream-bad-response`, is charged to the upstream, and
+/// the connection it came on is dropped: the client never gets a raw pipe to the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrequested_protocol_switches_end_in_502() {
+    common::init_tracing();
+    let up = RawUpstream::start().await;
+    let gw = TestGateway::start(&format!(
+        "[pools.default]\nupstreams = [\"{}#raw\"]\nretries = 0\n",
+        up.url()
+    ))
+    .await;
+    let cases: [(&str, &str); 4] = [
+        ("bare-101", "HTTP/1.1 101 Switching Protocols\r\n\r\n"),
+        (
+            "101-upgrade-websocket",
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\x01\x05hello",
+        ),
+        (
+            "100-then-101",
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\nPRI * HTTP/2.0",
+        ),
+        (
+            "101-with-length",
+            "HTTP/1.1 101 Switching Protocols\r\nContent-Length: 2\r\n\r\nok",
+        ),
+    ];
+    for (i, (name, response)) in cases.iter().enumerate() {
+        up.set_script(Script {
+            response: response.as_bytes().to_vec(),
+            close: false,
+        });
+        let (bytes, closed) = request(&gw).await;
+        assert!(closed, "{name}: the client connection was not closed");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.starts_with("HTTP/1.1 502"), "{name}: {text:?}");
+        assert_eq!(judge(name, &bytes), "502", "{name}");
+
+        let before = up.requests();
+        up.set_script(Script {
+            response: OK.as_bytes().to_vec(),
+            close: false,
+        });
+        let (bytes, _) = request(&gw).await;
+        assert!(
+            String::from_utf8_lossy(&bytes).starts_with("HTTP/1.1 200"),
+            "{name}: the next request failed"
+        );
+        let after = up.requests();
+        assert_ne!(
+            after.last().copied(),
+            before.last().copied(),
+            "{name}: the switched connection was used again"
+        );
+        // Outcomes are recorded when the lease is released, which may finish just after the
+        // response: polled for a bounded time.
+        let mut st = serde_json::Value::Null;
+        for _ in 0..100 {
+            st = gw.upstream_status("default", "raw").await;
+            if st["outcomes"]["upstream_error"].as_u64() == Some(i as u64 + 1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            st["outcomes"]["upstream_error"].as_u64(),
+            Some(i as u64 + 1),
+            "{name}: not charged to the upstream: {st}"
+        );
+    }
+}

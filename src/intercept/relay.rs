@@ -37,8 +37,8 @@ use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::health::Outcome;
 use crate::pool::{Exchange, Lease};
-use crate::proxy::headers;
 use crate::proxy::observe::Observed;
+use crate::proxy::{framing, headers};
 use crate::state::Gateway;
 use crate::target::Target;
 use crate::upstream::connect::{BoxIo, Rewind};
@@ -493,6 +493,16 @@ impl Shared {
         let latency = started.elapsed();
 
         let (mut parts, body) = resp.into_parts();
+        if let Err(reason) = framing::check_response(parts.status, &parts.headers) {
+            // Inside the origin's TLS the upstream cannot forge an answer: the origin is at
+            // fault. Its connection goes with the refused response.
+            *self.origin.lock().await = None;
+            self.lease.record(Outcome::OriginError, latency);
+            return Err(ProxyError::UpstreamBadResponse {
+                upstream: self.upstream.id.clone(),
+                reason,
+            });
+        }
         let (outcome, sniffer) = self.gw.captcha.classify_head(parts.status, &parts.headers);
         headers::clean_response(&mut parts.headers);
         headers::annotate_response(&mut parts.headers, &self.upstream, self.session.as_deref());

@@ -140,7 +140,7 @@ pub async fn handle(
     lease.mark_latency();
 
     let (mut parts, body) = resp.into_parts();
-    if let Err(reason) = framing::check_response(&parts.headers) {
+    if let Err(reason) = framing::check_response(parts.status, &parts.headers) {
         // The connection is not reused: its sender is dropped here.
         lease.finish(crate::health::Outcome::UpstreamError);
         return Err(ProxyError::UpstreamBadResponse {

@@ -18,7 +18,7 @@
 //! length, chunked otherwise); [`crate::proxy::headers`] drops `Content-Length` wherever
 //! `Transfer-Encoding` was present so that no stale length is ever written.
 
-use http::{HeaderMap, Method, Request, header};
+use http::{HeaderMap, Method, Request, StatusCode, header};
 
 use crate::error::ProxyError;
 
@@ -67,9 +67,21 @@ pub fn check_request<B>(req: &Request<B>) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// Checks an upstream response's framing: a transfer coding other than plain `chunked` would be
-/// dropped on the way to the client, so such a response is not passed on.
-pub fn check_response(headers: &HeaderMap) -> Result<(), &'static str> {
+/// Checks an upstream response before anything of it reaches the client.
+///
+/// - A 1xx as the final response: the gateway strips `Upgrade` and never asks for one, and
+///   hyper's client consumes interim `100`/`103` answers itself, so a `101` (or any other 1xx)
+///   here is a protocol switch nobody asked for. Relayed, it would turn the client's connection
+///   into a raw pipe to the upstream; it is refused and the upstream connection dropped.
+/// - A transfer coding other than plain `chunked` would be dropped on the way to the client.
+pub fn check_response(status: StatusCode, headers: &HeaderMap) -> Result<(), &'static str> {
+    if status.is_informational() {
+        return Err(if status == StatusCode::SWITCHING_PROTOCOLS {
+            "101 Switching Protocols without a requested upgrade"
+        } else {
+            "an interim 1xx status as the final response"
+        });
+    }
     match transfer_encoding(headers) {
         Coding::Other => Err("transfer coding other than chunked"),
         Coding::None | Coding::Chunked => Ok(()),
@@ -176,11 +188,27 @@ mod tests {
 
     #[test]
     fn response_codings() {
+        let ok = StatusCode::OK;
         let mut h = HeaderMap::new();
-        assert!(check_response(&h).is_ok());
+        assert!(check_response(ok, &h).is_ok());
         h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
-        assert!(check_response(&h).is_ok());
+        assert!(check_response(ok, &h).is_ok());
         h.insert(header::TRANSFER_ENCODING, "gzip, chunked".parse().unwrap());
-        assert!(check_response(&h).is_err());
+        assert!(check_response(ok, &h).is_err());
+    }
+
+    /// Every 1xx is refused as a final response (the gateway never asks for an upgrade), and
+    /// every final status with clean framing passes.
+    #[test]
+    fn interim_statuses_are_never_final_responses() {
+        let h = HeaderMap::new();
+        for code in 100..=999u16 {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert_eq!(
+                check_response(status, &h).is_err(),
+                (100..200).contains(&code),
+                "{code}"
+            );
+        }
     }
 }
