@@ -480,3 +480,80 @@ async fn a_session_on_a_dead_upstream_fails_or_is_rebound_when_configured() {
         }
     }
 }
+
+/// One of four upstreams meets a site that challenges everybody first (a sticky session sends
+/// it there again and again), then the rest of the pool meets it too. Its bans are held while
+/// nobody else has got through; the incident discards them: no upstream leaves service or is
+/// degraded at any point, and traffic elsewhere is untouched.
+#[tokio::test(start_paused = true)]
+async fn the_first_upstream_to_meet_a_site_wide_challenge_stays_in_service() {
+    let mut sim = Sim::new(4, no_jitter()).await;
+    let mut script = |_: &UpstreamId, target: &str, _: usize| {
+        if target == "strict.example" {
+            Outcome::Captcha
+        } else {
+            Outcome::Ok
+        }
+    };
+    let in_service = |sim: &Sim| (0..4).all(|i| sim.state(i) == State::Healthy);
+    // Ordinary traffic first, so every upstream has a record elsewhere.
+    for _ in 0..20 {
+        sim.request("easy.example", None, &mut script).await;
+    }
+    // The session's upstream meets the challenge alone, well past the ban threshold.
+    let (first, _) = sim.request("strict.example", Some("s1"), &mut script).await;
+    for i in 0..30 {
+        let (used, outcome) = sim.request("strict.example", Some("s1"), &mut script).await;
+        assert_eq!(used, first, "request {i}: the session moved");
+        assert_eq!(outcome, Some(Outcome::Captcha));
+        assert!(in_service(&sim), "request {i}: blamed for the site");
+    }
+    // The rest of the pool meets it too: an incident, and still nobody blamed.
+    for i in 0..40 {
+        sim.request("strict.example", None, &mut script).await;
+        assert!(in_service(&sim), "pool request {i}: blamed for the site");
+    }
+    let view = sim.health.view();
+    assert_eq!(
+        view.target_incidents.len(),
+        1,
+        "{:?}",
+        view.target_incidents
+    );
+    assert_eq!(view.target_incidents[0].target, "strict.example");
+    let (_, outcome) = sim.request("easy.example", None, &mut script).await;
+    assert_eq!(outcome, Some(Outcome::Ok));
+    assert!(in_service(&sim));
+}
+
+/// The other side of the same rule: a bad IP that meets a site first has its bans held, and they
+/// count against it as soon as another upstream gets through to that site.
+#[tokio::test(start_paused = true)]
+async fn held_bans_count_once_another_upstream_gets_through() {
+    let mut sim = Sim::new(4, no_jitter()).await;
+    let (first, _) = sim
+        .request("shop.example", Some("s1"), &mut |_, _, _| Outcome::Captcha)
+        .await;
+    let bad = first[0].clone();
+    let bad_index = (0..4).find(|i| sim.id(*i) == bad).unwrap();
+    let mut script = |u: &UpstreamId, _: &str, _: usize| {
+        if *u == bad {
+            Outcome::Captcha
+        } else {
+            Outcome::Ok
+        }
+    };
+    for _ in 0..10 {
+        sim.request("shop.example", Some("s1"), &mut script).await;
+    }
+    assert_eq!(sim.state(bad_index), State::Healthy, "held, not yet blamed");
+    // Another upstream gets through to the same site: the held bans now count.
+    for _ in 0..8 {
+        sim.request("shop.example", None, &mut script).await;
+        if sim.state(bad_index) == State::Quarantined {
+            break;
+        }
+    }
+    assert_eq!(sim.state(bad_index), State::Quarantined);
+    assert!(sim.health.view().target_incidents.is_empty());
+}

@@ -5,7 +5,14 @@
 //! the upstreams that served a target recently are failing on it, that is a *target incident* and
 //! its failures stop counting against upstreams. When most upstreams fail at once on everything,
 //! the trouble is local (our network, our DNS): a *global incident*, during which nothing is
-//! quarantined. Memory is bounded: at most `max_targets` targets are tracked, the least recently
+//! quarantined.
+//!
+//! A ban (captcha, block) is the target's word about one visitor, so it counts against an
+//! upstream only once the rest of the pool shows the site lets others in: while no other upstream
+//! has got through to the target within `incident_window`, the ban is *held*. A later success of
+//! another upstream there releases the held bans against their upstreams; an incident on the
+//! target discards them. So the first upstream to meet a site that challenges everybody is not
+//! quarantined before the incident is recognised. Memory is bounded: at most `max_targets` targets are tracked, the least recently
 //! seen forgotten first.
 
 use std::collections::HashMap;
@@ -26,6 +33,9 @@ pub struct Cell {
     pub bans: u64,
     #[serde(skip)]
     last_bad: bool,
+    /// Bans not yet counted against the upstream: no other upstream has got through yet.
+    #[serde(skip)]
+    held: u32,
     #[serde(skip)]
     last_at: Option<Instant>,
 }
@@ -128,6 +138,10 @@ impl Targets {
                 && share >= cfg.target_incident_ratio =>
             {
                 stats.incident_since = Some(now);
+                // The bans held so far were the site's doing: they never count.
+                for c in stats.cells.values_mut() {
+                    c.held = 0;
+                }
                 Some(TargetChange::IncidentStarted {
                     failing,
                     of: members,
@@ -140,6 +154,63 @@ impl Targets {
             }
             _ => None,
         }
+    }
+
+    /// Whether another upstream than `upstream` got through to `target` within `window` (its
+    /// latest exchange there was not bad): the evidence that makes a ban this upstream's fault.
+    pub fn others_got_through(
+        &self,
+        target: &str,
+        upstream: &UpstreamId,
+        window: std::time::Duration,
+        now: Instant,
+    ) -> bool {
+        self.by_target.get(target).is_some_and(|t| {
+            t.cells.iter().any(|(id, c)| {
+                id != upstream
+                    && c.ok > 0
+                    && !c.last_bad
+                    && c.last_at.is_some_and(|at| now.duration_since(at) <= window)
+            })
+        })
+    }
+
+    /// Holds a ban of `upstream` on `target` until the pool shows whose fault it is.
+    pub fn hold_ban(&mut self, target: &str, upstream: &UpstreamId) {
+        if let Some(c) = self
+            .by_target
+            .get_mut(target)
+            .and_then(|t| t.cells.get_mut(upstream))
+        {
+            c.held = c.held.saturating_add(1);
+        }
+    }
+
+    /// After `upstream` got through to `target`: the bans held against the other upstreams there
+    /// (recent ones), taken out to be counted against them now.
+    pub fn release_held(
+        &mut self,
+        target: &str,
+        upstream: &UpstreamId,
+        window: std::time::Duration,
+        now: Instant,
+    ) -> Vec<(UpstreamId, u32)> {
+        let Some(t) = self.by_target.get_mut(target) else {
+            return Vec::new();
+        };
+        if t.incident_since.is_some() {
+            return Vec::new();
+        }
+        let mut released = Vec::new();
+        for (id, c) in t.cells.iter_mut() {
+            if c.held > 0 && id != upstream {
+                if c.last_at.is_some_and(|at| now.duration_since(at) <= window) {
+                    released.push((id.clone(), c.held));
+                }
+                c.held = 0;
+            }
+        }
+        released
     }
 
     pub fn in_incident(&self, target: &str) -> bool {
@@ -178,6 +249,13 @@ impl Targets {
                 {
                     c.last_bad = false;
                     t.failing -= 1;
+                }
+                // Held bans older than the window are evidence of nothing any more.
+                if c.held > 0
+                    && c.last_at
+                        .is_some_and(|at| now.duration_since(at) > cfg.incident_window)
+                {
+                    c.held = 0;
                 }
             }
             if t.incident_since.is_some() && t.failing < cfg.target_incident_min_upstreams {

@@ -455,11 +455,21 @@ impl PoolHealth {
             t.latency.record(ms);
         }
 
-        // Blame: a target incident or a global incident is nobody's fault.
-        let blamed = match sample {
+        // Blame: a target incident or a global incident is nobody's fault, and a ban counts
+        // against an upstream only once another upstream has got through to the same target.
+        let mut blamed = match sample {
             Sample::Success => true,
             _ => !e.targets.in_incident(target) && e.global_incident_since.is_none(),
         };
+        if blamed
+            && sample == Sample::Ban
+            && !e
+                .targets
+                .others_got_through(target, upstream, cfg.incident_window, now)
+        {
+            e.targets.hold_ban(target, upstream);
+            blamed = false;
+        }
         let mut changes = Vec::new();
         if blamed {
             let jitter = rand::random::<f64>() * 2.0 - 1.0;
@@ -472,8 +482,39 @@ impl PoolHealth {
             changes.extend(Self::change_of(upstream, &mut t, transition));
         }
         e.upstreams.insert(id, t);
+        if sample == Sample::Success {
+            changes.extend(self.count_held_bans(e, target, upstream, &cfg, now));
+        }
         if e.strategy == Strategy::Weighted {
             changes.extend(self.reweigh(e, upstream));
+        }
+        changes
+    }
+
+    /// `upstream` got through to `target`: the bans other upstreams met there and that were held
+    /// for want of evidence now count against them.
+    fn count_held_bans(
+        &self,
+        e: &mut Engine,
+        target: &str,
+        upstream: &UpstreamId,
+        cfg: &HealthConfig,
+        now: Instant,
+    ) -> Vec<Change> {
+        let released = e
+            .targets
+            .release_held(target, upstream, cfg.incident_window, now);
+        let mut changes = Vec::new();
+        for (other, held) in released {
+            tracing::debug!(pool = %self.name, upstream = %other, target, held, "held bans counted");
+            for _ in 0..held {
+                let jitter = rand::random::<f64>() * 2.0 - 1.0;
+                let transition = Self::feed(e, &other, Sample::Ban, cfg, now, jitter);
+                if let Some(tr) = &transition {
+                    self.log(&other, tr);
+                }
+                changes.extend(self.change_for(e, &other, transition));
+            }
         }
         changes
     }
