@@ -1,7 +1,7 @@
 -- acquire.lua: picks an upstream of one pool and leases it, in one atomic step.
 --
 -- A sticky request keeps its bound upstream (refreshing the binding's sliding TTL) or binds the
--- first eligible upstream of its consistent-hash order, set-if-absent: two gateways racing to bind
+-- first eligible upstream below its cap of its consistent-hash order, set-if-absent: two gateways racing to bind
 -- the same new key agree, because the second one finds the first one's binding. Any other request
 -- takes the pool's strategy over the eligible members that are below their concurrency cap:
 -- least-used / weighted (lowest allocation score; the score grows by the member's cost per
@@ -252,19 +252,24 @@ if mode == 'session' then
     redis.call('DEL', KEYS[11])
     redis.call('ZREM', KEYS[8], skey)
   end
+  -- A new binding: the first preferred member in service that has room. One at its cap is no
+  -- candidate; only when every eligible one is at its cap does the session wait.
+  local capped = false
   for i = 11, #ARGV do
     local up = ARGV[i]
     local m = state_of(up)
-    if m and m.e then
-      if at_cap(up) then
-        return cap_reply()
-      end
+    if m and m.e and at_cap(up) then
+      capped = true
+    elseif m and m.e then
       local granted = grant(up, m, '1')
       if not granted then return in_use() end
       redis.call('SET', KEYS[11], up, 'PX', sess_ttl_s)
       redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
       return granted
     end
+  end
+  if capped then
+    return cap_reply()
   end
   return {'none'}
 end

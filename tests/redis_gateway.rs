@@ -973,3 +973,60 @@ async fn a_gateway_started_while_redis_is_down_serves_and_joins_when_it_comes_up
     assert_eq!(calls.len(), 1, "served from redis again: {calls:?}");
     assert!(calls.iter().all(|c| c[0] == "EVALSHA"), "{calls:?}");
 }
+
+/// Two instances on Redis, `max_concurrency = 1`: while one upstream's only place is held by a
+/// long request, new session keys sent to the other instance (some of which have that upstream
+/// as their first choice) are all bound at once to members with room, none waits for the queue
+/// timeout or gets 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_sessions_are_not_refused_while_their_first_choice_is_at_its_cap() {
+    let Pair {
+        redis: _redis,
+        origin,
+        ups,
+        a,
+        b,
+    } = pair(4, "max_concurrency = 1\nqueue_timeout = \"3s\"").await;
+    let (ca, cb) = (client_via(&a), client_via(&b));
+    let url = origin.url("/ok");
+    // A session on instance a binds some upstream; a slow request then holds its only place.
+    let (s, held_id) = get(&ca, &url, Some("holder")).await;
+    assert_eq!(s, 200);
+    let held = ups
+        .iter()
+        .find(|u| held_id.contains(&u.addr().to_string()))
+        .unwrap_or_else(|| panic!("no fake upstream is {held_id}"));
+    held.set_delay(Some(Duration::from_secs(6)));
+    let slow = tokio::spawn({
+        let ca = ca.clone();
+        let url = url.clone();
+        async move { get(&ca, &url, Some("holder")).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while held.in_flight() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slow request never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.set_delay(None);
+    let started = tokio::time::Instant::now();
+    let mut through_held = 0;
+    for i in 0..24 {
+        let key = format!("new-{i}-{:08x}", rand::random::<u32>());
+        let (s, up) = get(&cb, &url, Some(key.as_str())).await;
+        assert_eq!(s, 200, "new session {key} refused");
+        through_held += usize::from(up == held_id);
+    }
+    assert_eq!(
+        through_held, 0,
+        "a new session was bound to the upstream at its cap"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "new sessions waited: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(slow.await.unwrap().0, 200);
+}

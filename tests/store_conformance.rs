@@ -480,6 +480,78 @@ async fn session_unavailable_and_rebind(b: &Backend) {
     assert_healthy(&c);
 }
 
+/// A new session binds to the first member of its order that is in service *and* has room: a
+/// member at its cap is passed over (another client holds it), an ineligible one too; only when
+/// every eligible member offered is at its cap does the new session wait, and a live binding
+/// still waits for its own upstream.
+async fn new_sessions_pass_over_members_at_their_cap(b: &Backend) {
+    let (spec, m) = spec(
+        "newcap",
+        4,
+        Strategy::LeastUsed,
+        Some(1),
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    let pool = &spec.name;
+    let ttl = Duration::from_secs(30);
+    let order = vec![m[0].clone(), m[1].clone(), m[2].clone(), m[3].clone()];
+    // Client 0's session holds m0, the first choice of every key below.
+    let held = granted(
+        c[0].acquire(pool, session("holder", ttl, &order, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (held.upstream.clone(), held.bound_now),
+        (m[0].clone(), true)
+    );
+    // A new key on the other client: m0 is at its cap, so m1 is bound at once.
+    let g = granted(
+        c[1].acquire(pool, session("fresh", ttl, &order, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (m[1].clone(), true));
+    // m2 out of service: the next new key passes over it as well as over m0 and m1 (held).
+    c[1].set_member(
+        pool,
+        &m[2],
+        MemberState {
+            eligible: false,
+            keeps_sessions: true,
+            cost: 1,
+        },
+    )
+    .await
+    .unwrap();
+    let g3 = granted(
+        c[0].acquire(pool, session("third", ttl, &order, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g3.upstream.clone(), g3.bound_now), (m[3].clone(), true));
+    // Every eligible member offered is at its cap: a new key waits (at capacity), it is not
+    // refused as if nobody were in service.
+    assert_eq!(
+        c[1].acquire(pool, session("fourth", ttl, &order, false))
+            .await
+            .unwrap(),
+        Acquired::AtCapacity
+    );
+    // A live binding waits for its own upstream even when others have room.
+    release(&c[1], pool, &g).await;
+    assert_eq!(
+        c[1].acquire(pool, session("holder", ttl, &order, false))
+            .await
+            .unwrap(),
+        Acquired::AtCapacity
+    );
+    release(&c[0], pool, &held).await;
+    release(&c[0], pool, &g3).await;
+    assert_healthy(&c);
+}
+
 async fn set_member_eligibility_and_returning_score(b: &Backend) {
     let (spec, m) = spec(
         "member",
@@ -905,6 +977,7 @@ suite!(
     strategies_rotate,
     sessions_bind_once_and_slide,
     session_unavailable_and_rebind,
+    new_sessions_pass_over_members_at_their_cap,
     set_member_eligibility_and_returning_score,
     lease_expiry_returns_capacity,
     concurrent_releases_end_every_lease_once,

@@ -19,8 +19,10 @@ use crate::state::Gateway;
 use crate::store::{Acquired, Grant, Store, Want};
 use crate::upstream::UpstreamId;
 
-/// How many members of a session's consistent-hash order are offered to the store; the store binds
-/// the first one still in service.
+/// How many members of a session's consistent-hash order are offered to the store at first; the
+/// store binds the first one in service and below its cap. When none of them is, the offer grows
+/// fourfold (up to the whole pool) before the request waits or fails, so a new session is never
+/// refused while a member further along its order could take it.
 const PREFERRED_CANDIDATES: usize = 4;
 
 /// Where a request goes: its pool and, when sticky, its session.
@@ -76,6 +78,7 @@ pub async fn acquire(
     // wait is not missed; and only once an ask found every candidate at its cap, so that the
     // usual first ask, which finds capacity, neither registers nor looks up the signal.
     let mut waiter: Option<Pin<Box<OwnedNotified>>> = None;
+    let mut offer = PREFERRED_CANDIDATES;
     loop {
         let blocked = match (&limits, sticky) {
             (Some(l), false) => l.blocked(target, Instant::now()),
@@ -89,12 +92,13 @@ pub async fn acquire(
             Cow::Owned(ids)
         };
         let preferred;
+        // Whether members beyond those offered could still be asked (sessions only).
+        let mut more = false;
         let want = match &route.session {
             None => Want::Any { exclude: &exclude },
             Some(s) => {
-                preferred = pool
-                    .placement
-                    .preferred(s.key.as_str(), PREFERRED_CANDIDATES, tried);
+                preferred = pool.placement.preferred(s.key.as_str(), offer, tried);
+                more = preferred.len() == offer;
                 Want::Session {
                     key: s.key.as_str(),
                     ttl: s.ttl,
@@ -106,7 +110,13 @@ pub async fn acquire(
         // What stops this round: the soonest-freed rate limit among the excluded, and capacity.
         let mut limited = earliest(&blocked);
         let mut at_capacity = false;
-        match gw.store.acquire(pool.name(), want).await? {
+        let acquired = gw.store.acquire(pool.name(), want).await?;
+        if more && matches!(acquired, Acquired::AtCapacity | Acquired::NoCandidates) {
+            // Every member offered is out of service or at its cap: offer more of the order.
+            offer = offer.saturating_mul(4);
+            continue;
+        }
+        match acquired {
             Acquired::Granted(grant) => {
                 let refused = limits
                     .as_ref()

@@ -371,12 +371,24 @@ impl PoolState {
             }
             self.sessions.remove(key);
         }
-        let Some(first) = preferred.iter().find(|id| self.eligible(id)).cloned() else {
-            return Acquired::NoCandidates;
+        // A new binding goes to the first member in service that has room: one at its cap is no
+        // candidate (the session would wait for it while others are free).
+        let mut any_eligible = false;
+        let Some(first) = preferred
+            .iter()
+            .filter(|id| self.eligible(id))
+            .find(|id| {
+                any_eligible = true;
+                !self.at_cap(id)
+            })
+            .cloned()
+        else {
+            return if any_eligible {
+                Acquired::AtCapacity
+            } else {
+                Acquired::NoCandidates
+            };
         };
-        if self.at_cap(&first) {
-            return Acquired::AtCapacity;
-        }
         self.sessions.insert(
             key.to_string(),
             Binding {

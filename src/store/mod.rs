@@ -57,7 +57,8 @@ pub enum Want<'a> {
     /// Any eligible member by the pool's strategy, except those already tried.
     Any { exclude: &'a [UpstreamId] },
     /// The session's upstream; on first use the first of `preferred` (consistent-hash order) that
-    /// is eligible gets bound.
+    /// is eligible and below its cap gets bound (`AtCapacity` only when every eligible one is at
+    /// its cap, `NoCandidates` when none is eligible).
     Session {
         key: &'a str,
         ttl: Duration,
