@@ -1,4 +1,4 @@
-//! Rate limits per upstream, per upstream × target and per user (README "Rate limits").
+//! Rate limits per upstream, per upstream × target and per user (docs/concepts.md, "Rate limits").
 //!
 //! Timing is measured on a paused clock: those tests start a gateway (listeners bound, nothing
 //! sent through them) and drive `pool::select` with its real store and limiters, since a paused
