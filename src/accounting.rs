@@ -158,46 +158,6 @@ impl EndGuard for Ticket {
     }
 }
 
-/// The traffic part of `/status`.
-#[derive(Debug, Serialize)]
-pub struct TrafficView {
-    pub requests: RequestCounts,
-    pub tunnels: TunnelCounts,
-    pub connections: ConnectionCounts,
-    pub config: crate::reload::ReloadLog,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TunnelCounts {
-    pub open: u64,
-    pub total: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ConnectionCounts {
-    /// Client connections open on the proxy port.
-    pub open: u64,
-    /// Connections refused by `max_connections` / `max_connections_per_client` since start.
-    pub refused: u64,
-}
-
-impl TrafficView {
-    pub async fn collect(gw: &crate::state::Gateway) -> Self {
-        TrafficView {
-            requests: gw.counters.requests(),
-            tunnels: TunnelCounts {
-                open: gw.counters.tunnels_open(),
-                total: gw.counters.tunnels_total(),
-            },
-            connections: ConnectionCounts {
-                open: gw.client_conns.open() as u64,
-                refused: gw.client_conns.refused(),
-            },
-            config: gw.reloads.lock().await.clone(),
-        }
-    }
-}
-
 pub struct TunnelGuard(Arc<Counters>);
 
 impl Drop for TunnelGuard {

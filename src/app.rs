@@ -229,7 +229,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         client_conns: ClientConns::new(),
         counters: Counters::new(options.proxy_threads),
         config_path: options.config_path,
-        reloads: tokio::sync::Mutex::new(reload::ReloadLog {
+        reloads: tokio::sync::Mutex::new(crate::state::ReloadLog {
             generation: 1,
             ..Default::default()
         }),
@@ -278,7 +278,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         })
     });
     listeners.spawn(crate::probe::prober::run(gw.clone(), runner.clone()));
-    listeners.spawn(crate::sources::run(gw.clone(), runner));
+    listeners.spawn(crate::sources::watch::run(gw.clone(), runner));
     listeners.spawn(mirror_member_changes(gw.clone()));
     let sweeper = gw.clone();
     listeners.spawn(async move {

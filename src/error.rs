@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use thiserror::Error;
 
 use crate::body::Body;
-use crate::intercept::relay::OriginTlsFault;
+use crate::intercept::OriginTlsFault;
 use crate::ratelimit::Scope;
 use crate::session::SessionError;
 use crate::store::StoreError;

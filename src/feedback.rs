@@ -24,7 +24,8 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 
 use crate::body::{self, Body};
-use crate::health::{self, Outcome};
+use crate::health;
+use crate::outcome::Outcome;
 use crate::session::SessionKey;
 use crate::state::Gateway;
 use crate::store::Store;

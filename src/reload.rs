@@ -25,17 +25,6 @@ use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::{Store, StoreError};
 
-/// Reload history, shown in `/status`.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct ReloadLog {
-    /// 1 for the config the process started with, +1 per successful reload.
-    pub generation: u64,
-    pub reloads_ok: u64,
-    pub reloads_failed: u64,
-    /// Why the last failed reload was refused (cleared by a successful one).
-    pub last_error: Option<String>,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
     #[error("no config file to reload from: the gateway was not started from a file")]

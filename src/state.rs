@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -38,7 +39,7 @@ pub struct Gateway {
     /// The config file, re-read on reload (`None` when started from text).
     pub config_path: Option<std::path::PathBuf>,
     /// Serialises reloads and counts them.
-    pub reloads: tokio::sync::Mutex<crate::reload::ReloadLog>,
+    pub reloads: tokio::sync::Mutex<ReloadLog>,
     /// Cancelled when the shutdown grace has run out: open tunnels close then.
     pub tunnels_stop: CancellationToken,
     /// Read once per request without a lock; replaced whole on reload.
@@ -49,7 +50,7 @@ pub struct Gateway {
     /// Members admitted from every pool's upstream lists, and the lists' status.
     pub sources: crate::sources::Registry,
     /// Every probing pool's probe status.
-    pub probes: crate::probe::prober::Registry,
+    pub probes: crate::probe::status::Registry,
     /// Captcha and block detection for responses.
     pub captcha: CaptchaRules,
     pub metrics: Arc<Metrics>,
@@ -67,4 +68,15 @@ pub struct Gateway {
     pub instance_id: String,
     /// This instance's rate-limit buckets; they follow the live config by themselves.
     pub ratelimits: crate::ratelimit::RateLimits,
+}
+
+/// Reload history, shown in `/status`.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct ReloadLog {
+    /// 1 for the config the process started with, +1 per successful reload.
+    pub generation: u64,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    /// Why the last failed reload was refused (cleared by a successful one).
+    pub last_error: Option<String>,
 }

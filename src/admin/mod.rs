@@ -7,6 +7,7 @@ pub mod client;
 pub mod dashboard;
 pub mod metrics;
 pub mod status;
+pub mod traffic;
 
 use std::sync::Arc;
 

@@ -17,7 +17,7 @@ pub struct Status {
     pub pools: Vec<PoolView>,
     /// Requests, tunnels, connections and config generation (see `crate::accounting`).
     #[serde(flatten)]
-    pub traffic: crate::accounting::TrafficView,
+    pub traffic: crate::admin::traffic::TrafficView,
     /// TLS interception counters (README "Admin endpoint").
     pub intercept: crate::intercept::InterceptStatus,
 }
@@ -153,7 +153,7 @@ pub async fn collect(gw: &Gateway) -> Status {
             },
         },
         pools: views,
-        traffic: crate::accounting::TrafficView::collect(gw).await,
+        traffic: crate::admin::traffic::TrafficView::collect(gw).await,
         intercept: gw.intercept.status(),
     }
 }

@@ -1,94 +1,13 @@
 //! The outcome of one exchange through an upstream, as recorded at lease release.
 
 use std::cell::RefCell;
-use std::fmt;
 use std::sync::Arc;
 
 use aho_corasick::{AhoCorasick, AhoCorasickKind};
 
 use crate::config::CaptchaConfig;
+pub use crate::outcome::Outcome;
 
-/// What happened to one request or tunnel. Only proxy faults and bans move an upstream's health;
-/// `OriginError` is the target's fault and moves nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    Ok,
-    ConnectError,
-    Timeout,
-    Reset,
-    /// A 5xx or 407 produced by the upstream proxy itself (including a refused CONNECT).
-    UpstreamError,
-    Captcha,
-    /// 403/429-class answer without a challenge marker.
-    Blocked,
-    /// A 5xx from the origin.
-    OriginError,
-    /// The client went away before the exchange ended: nobody's fault, moves no health.
-    Cancelled,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 9] = [
-        Outcome::Ok,
-        Outcome::ConnectError,
-        Outcome::Timeout,
-        Outcome::Reset,
-        Outcome::UpstreamError,
-        Outcome::Captcha,
-        Outcome::Blocked,
-        Outcome::OriginError,
-        Outcome::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::ConnectError => "connect-error",
-            Outcome::Timeout => "timeout",
-            Outcome::Reset => "reset",
-            Outcome::UpstreamError => "upstream-error",
-            Outcome::Captcha => "captcha",
-            Outcome::Blocked => "blocked",
-            Outcome::OriginError => "origin-error",
-            Outcome::Cancelled => "cancelled",
-        }
-    }
-
-    /// The snake_case name used as a field in `/status` and as a metrics label.
-    pub fn key(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::ConnectError => "connect_error",
-            Outcome::Timeout => "timeout",
-            Outcome::Reset => "reset",
-            Outcome::UpstreamError => "upstream_error",
-            Outcome::Captcha => "captcha",
-            Outcome::Blocked => "blocked",
-            Outcome::OriginError => "origin_error",
-            Outcome::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    /// Whether the outcome counts as a success of the upstream.
-    pub fn is_success(self) -> bool {
-        matches!(self, Outcome::Ok | Outcome::OriginError)
-    }
-
-    /// Whether the outcome says anything about the upstream at all.
-    pub fn is_judgement(self) -> bool {
-        self != Outcome::Cancelled
-    }
-}
-
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Response classification: status and headers at the head, body markers while it streams.
 ///

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::config::{HealthConfig, Strategy};
 use crate::fast_map::FastMap;
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::health::blame::{Cell, TargetChange, Targets};
 use crate::health::state::{Sample, State, Transition, UpstreamHealth};
 use crate::store::MemberState;

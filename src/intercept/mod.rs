@@ -5,7 +5,7 @@
 //! ClientHello. Unless the name is excluded (`inspect_exclude`) or the client does not speak TLS,
 //! the gateway completes the client's handshake with a leaf minted for the SNI name ([`certs`],
 //! signed by the CA of [`ca`]), speaks TLS to the origin through the same upstream tunnel
-//! (verifying it), and relays HTTP/1.1 between the two with hyper ([`relay`]). Everything else
+//! (verifying it), and relays HTTP/1.1 between the two with hyper (`proxy::inspect`). Everything else
 //! is tunnelled raw, as without interception.
 //!
 //! [`Interceptor`] is the shared part: the leaf cache, the TLS client config for origins, and the
@@ -13,7 +13,6 @@
 
 pub mod ca;
 pub mod certs;
-pub mod relay;
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -27,6 +26,7 @@ use serde::Serialize;
 
 use self::ca::{Ca, CaError};
 use self::certs::{LeafCache, MintError};
+use crate::outcome::Outcome;
 
 /// Leaves cached at most, unless `intercept.cert_cache_size` says otherwise.
 pub const DEFAULT_CERT_CACHE_SIZE: usize = 1000;
@@ -260,9 +260,75 @@ fn origin_client_config(
     Ok(Arc::new(config))
 }
 
+/// Why TLS with the origin (through the upstream) failed, and whom that blames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OriginTlsFault {
+    /// The origin's certificate did not verify: the origin's (or its CA's) business.
+    Certificate,
+    /// The origin refused the handshake with an alert.
+    Alert,
+    /// The bytes that came back were not TLS: something on the path (the upstream) broke them.
+    Protocol,
+    /// The tunnel closed or broke during the handshake.
+    Closed,
+    /// No handshake within `connect_timeout`.
+    Timeout,
+}
+
+impl OriginTlsFault {
+    /// Faults of the origin move no upstream's health; a broken path does.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            OriginTlsFault::Certificate | OriginTlsFault::Alert => Outcome::OriginError,
+            OriginTlsFault::Protocol | OriginTlsFault::Closed => Outcome::Reset,
+            OriginTlsFault::Timeout => Outcome::Timeout,
+        }
+    }
+
+    /// RFC 9209 Proxy-Status error type.
+    pub fn proxy_status(self) -> &'static str {
+        match self {
+            OriginTlsFault::Certificate => "tls_certificate_error",
+            OriginTlsFault::Alert => "tls_alert_received",
+            OriginTlsFault::Protocol => "tls_protocol_error",
+            OriginTlsFault::Closed => "connection_terminated",
+            OriginTlsFault::Timeout => "connection_timeout",
+        }
+    }
+
+    /// Reads the fault from a failed handshake's error.
+    pub fn of(e: &std::io::Error) -> Self {
+        match e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) => {
+                OriginTlsFault::Certificate
+            }
+            Some(rustls::Error::AlertReceived(_)) => OriginTlsFault::Alert,
+            Some(_) => OriginTlsFault::Protocol,
+            None => OriginTlsFault::Closed,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn origin_tls_faults_blame_the_right_party() {
+        let cert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        assert_eq!(OriginTlsFault::of(&cert), OriginTlsFault::Certificate);
+        assert_eq!(OriginTlsFault::Certificate.outcome(), Outcome::OriginError);
+        let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        assert_eq!(OriginTlsFault::of(&eof), OriginTlsFault::Closed);
+        assert_eq!(OriginTlsFault::Closed.outcome(), Outcome::Reset);
+        assert_eq!(OriginTlsFault::Timeout.outcome(), Outcome::Timeout);
+    }
 
     #[test]
     fn host_patterns_match_names_and_subdomains() {

@@ -20,7 +20,8 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::metrics::Metrics;
-use crate::health::{self, Outcome};
+use crate::health;
+use crate::outcome::Outcome;
 use crate::pool::Pool;
 use crate::state::Gateway;
 use crate::store::{AnyStore, Grant, Store};

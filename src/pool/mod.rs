@@ -13,7 +13,6 @@ use crate::health::{self, PoolHealth};
 use crate::store::PoolSpec;
 use crate::upstream::{Upstream, UpstreamId};
 
-pub use lease::{Exchange, Lease};
 pub use ring::Ring;
 
 /// One pool as configured, with what the hot path needs precomputed.

@@ -11,8 +11,9 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
 
 use crate::error::ProxyError;
-use crate::health::Outcome;
-use crate::pool::{Lease, Pool};
+use crate::outcome::Outcome;
+use crate::pool::Pool;
+use crate::pool::lease::Lease;
 use crate::ratelimit::{Blocked, Refusal, Scope};
 use crate::session::SessionKey;
 use crate::state::Gateway;

@@ -4,7 +4,11 @@
 
 pub mod check;
 pub mod prober;
+pub mod status;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use check::{ProbeFault, check};
@@ -12,6 +16,37 @@ pub use check::{ProbeFault, check};
 use crate::config::ProbeConfig;
 use crate::upstream::Upstream;
 use crate::upstream::connect::Connector;
+
+/// How a probe is carried out; the gateway's runs [`crate::probe::probe`], tests substitute their
+/// own to drive the scheduler on a paused clock.
+pub trait Runner: Send + Sync + 'static {
+    /// Probes `upstream`: the latency when it passed, why not otherwise (credential-free).
+    fn probe(
+        &self,
+        upstream: Arc<Upstream>,
+        cfg: Arc<ProbeConfig>,
+    ) -> Pin<Box<dyn Future<Output = Result<Duration, String>> + Send>>;
+}
+
+/// Probes through the gateway's connector, as client traffic goes.
+pub struct LiveRunner {
+    pub connector: Connector,
+}
+
+impl Runner for LiveRunner {
+    fn probe(
+        &self,
+        upstream: Arc<Upstream>,
+        cfg: Arc<ProbeConfig>,
+    ) -> Pin<Box<dyn Future<Output = Result<Duration, String>> + Send>> {
+        let connector = self.connector.clone();
+        Box::pin(async move {
+            probe(&connector, &upstream, &cfg)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
 
 /// Probes `upstream` against the pool's control targets, starting at a random one so that
 /// probes spread over them; passes at the first that answers as expected. On failure, the fault

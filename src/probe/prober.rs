@@ -14,54 +14,22 @@
 //!   probed once per interval across all instances; verdicts reach the others through the store.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::config::ProbeConfig;
+pub use crate::probe::status::{ProbeIncident, ProbeStatus, Registry};
+use crate::probe::status::{PoolProbes, lock};
+pub use crate::probe::{LiveRunner, Runner};
 use crate::health::engine::ProbePurpose;
 use crate::health::{self, PoolHealth};
 use crate::pool::Pool;
 use crate::state::Gateway;
 use crate::store::job_lock::JobLock;
-use crate::upstream::connect::Connector;
 use crate::upstream::{Upstream, UpstreamId};
-
-/// How a probe is carried out; the gateway's runs [`crate::probe::probe`], tests substitute their
-/// own to drive the scheduler on a paused clock.
-pub trait Runner: Send + Sync + 'static {
-    /// Probes `upstream`: the latency when it passed, why not otherwise (credential-free).
-    fn probe(
-        &self,
-        upstream: Arc<Upstream>,
-        cfg: Arc<ProbeConfig>,
-    ) -> Pin<Box<dyn Future<Output = Result<Duration, String>> + Send>>;
-}
-
-/// Probes through the gateway's connector, as client traffic goes.
-pub struct LiveRunner {
-    pub connector: Connector,
-}
-
-impl Runner for LiveRunner {
-    fn probe(
-        &self,
-        upstream: Arc<Upstream>,
-        cfg: Arc<ProbeConfig>,
-    ) -> Pin<Box<dyn Future<Output = Result<Duration, String>> + Send>> {
-        let connector = self.connector.clone();
-        Box::pin(async move {
-            crate::probe::probe(&connector, &upstream, &cfg)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    }
-}
 
 /// Longest sleep of the scheduling loop: membership, leadership and states are re-read at least
 /// this often.
@@ -73,77 +41,6 @@ const PACE_HEADROOM: f64 = 1.5;
 /// In-service upstreams a failed probe is checked against before it counts.
 const REFERENCE_PROBES: usize = 2;
 
-/// What `/status` shows of a pool's probing.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ProbeStatus {
-    /// This instance holds the pool's probe lock (with a shared store only one instance does).
-    pub leader: bool,
-    pub in_flight: usize,
-    pub probes_total: u64,
-    pub passed: u64,
-    pub failed: u64,
-    /// Failed probes not held against their upstream: a probe incident was going on.
-    pub failed_unjudged: u64,
-    pub reference_probes: u64,
-    /// Every control target failed through every upstream tried; nothing is judged meanwhile.
-    pub incident: Option<ProbeIncident>,
-    pub last_probe_s_ago: Option<u64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct ProbeIncident {
-    pub since_s: u64,
-    /// The last failure seen (credential-free).
-    pub reason: String,
-    #[serde(skip)]
-    since: Instant,
-}
-
-/// Probing state of one pool, shared between the scheduling loop and the probe tasks.
-#[derive(Default)]
-struct PoolProbes {
-    status: ProbeStatus,
-    last_control_ok: Option<Instant>,
-    last_probe: Option<Instant>,
-    /// Upstreams whose probe finished since the loop last looked.
-    finished: Vec<UpstreamId>,
-}
-
-/// Every pool's probing status, for `/status`.
-#[derive(Default)]
-pub struct Registry {
-    pools: Mutex<HashMap<String, Arc<Mutex<PoolProbes>>>>,
-}
-
-impl Registry {
-    fn pool(&self, name: &str) -> Arc<Mutex<PoolProbes>> {
-        lock(&self.pools)
-            .entry(name.to_string())
-            .or_default()
-            .clone()
-    }
-
-    /// The pool's probe status, `None` when the pool does not probe.
-    pub fn status(&self, pool: &str) -> Option<ProbeStatus> {
-        let p = lock(&self.pools).get(pool)?.clone();
-        let p = lock(&p);
-        let now = Instant::now();
-        let mut st = p.status.clone();
-        if let Some(i) = &mut st.incident {
-            i.since_s = now.duration_since(i.since).as_secs();
-        }
-        st.last_probe_s_ago = p.last_probe.map(|t| now.duration_since(t).as_secs());
-        Some(st)
-    }
-
-    fn forget(&self, pool: &str) {
-        lock(&self.pools).remove(pool);
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// One scheduled upstream.
 struct Entry {

@@ -105,11 +105,11 @@ pub async fn handle(
         // The client's body broke off or passed the limit: the client's fault, not the
         // upstream's; the upstream connection is dropped with the half-sent request.
         Ok(Err(_)) if fault.too_large() => {
-            lease.finish(crate::health::Outcome::Cancelled);
+            lease.finish(crate::outcome::Outcome::Cancelled);
             return Err(ProxyError::BodyTooLarge { limit });
         }
         Ok(Err(_)) if fault.broken() => {
-            lease.finish(crate::health::Outcome::Cancelled);
+            lease.finish(crate::outcome::Outcome::Cancelled);
             return Err(ProxyError::BadRequestBody);
         }
         Ok(Err(e)) => {
@@ -117,7 +117,7 @@ pub async fn handle(
             // connect fails it is a connect failure, and for a session, its upstream's.
             let outcome = match &e {
                 ProxyError::UpstreamConnect { source, .. } => source.outcome(),
-                _ => crate::health::Outcome::Reset,
+                _ => crate::outcome::Outcome::Reset,
             };
             lease.finish(outcome);
             return Err(match (e, &route.session) {
@@ -131,7 +131,7 @@ pub async fn handle(
             });
         }
         Err(_) => {
-            lease.finish(crate::health::Outcome::Timeout);
+            lease.finish(crate::outcome::Outcome::Timeout);
             return Err(ProxyError::UpstreamTimeout {
                 upstream: upstream.id.clone(),
             });
@@ -142,7 +142,7 @@ pub async fn handle(
     let (mut parts, body) = resp.into_parts();
     if let Err(reason) = framing::check_response(parts.status, &parts.headers) {
         // The connection is not reused: its sender is dropped here.
-        lease.finish(crate::health::Outcome::UpstreamError);
+        lease.finish(crate::outcome::Outcome::UpstreamError);
         return Err(ProxyError::UpstreamBadResponse {
             upstream: upstream.id.clone(),
             reason,
@@ -160,7 +160,7 @@ pub async fn handle(
     let body = match limits::read_ahead(body, u64::MAX).await {
         Ok(body) => body,
         Err(_) => {
-            lease.finish(crate::health::Outcome::UpstreamError);
+            lease.finish(crate::outcome::Outcome::UpstreamError);
             return Err(ProxyError::UpstreamBadResponse {
                 upstream: upstream.id.clone(),
                 reason: "malformed body",

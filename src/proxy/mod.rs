@@ -5,6 +5,7 @@
 //! read the session, pick the pool ([`route`]), then lease and connect with retry ([`open`]).
 
 pub mod forward;
+pub mod inspect;
 pub mod framing;
 pub mod headers;
 pub mod observe;
@@ -21,10 +22,11 @@ use hyper::body::Incoming;
 use crate::accounting::{End, Ticket};
 use crate::admit;
 use crate::error::ProxyError;
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::limits::Guarded;
 use crate::pool::select::{self, Route, SessionPlan};
-use crate::pool::{Lease, PoolSet};
+use crate::pool::PoolSet;
+use crate::pool::lease::Lease;
 use crate::session::{self, SessionRequest};
 use crate::state::Gateway;
 use crate::store::Store;

@@ -15,9 +15,9 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::health::classify::Sniffer;
-use crate::pool::{Exchange, Lease};
+use crate::pool::lease::{Exchange, Lease};
 
 pin_project! {
     pub struct Observed<B = Incoming> {

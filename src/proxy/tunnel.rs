@@ -24,10 +24,11 @@ use tokio::time::Instant;
 
 use crate::body::{self, Body};
 use crate::error::ProxyError;
-use crate::health::Outcome;
-use crate::intercept::{self, relay::Opening};
+use crate::outcome::Outcome;
+use crate::intercept;
+use crate::proxy::inspect::{self, Opening};
 use crate::limits::{Activity, Tracked};
-use crate::pool::Lease;
+use crate::pool::lease::Lease;
 use crate::proxy::pipe::{self, End, Side};
 use crate::proxy::{self, headers};
 use crate::server::AfterUpgrade;
@@ -92,9 +93,9 @@ pub async fn handle(
         let client = TokioIo::new(client);
         // Boxed: inspection's state is large, and an opaque tunnel should not carry (and copy
         // into its task) room for it.
-        match Box::pin(intercept::relay::open(&gw, client, &target, &exclude)).await {
+        match Box::pin(inspect::open(&gw, client, &target, &exclude)).await {
             Opening::Inspect(hello) => {
-                Box::pin(intercept::relay::serve(
+                Box::pin(inspect::serve(
                     gw, hello, io, lease, target, session,
                 ))
                 .await

@@ -30,13 +30,13 @@ use rustls::pki_types::ServerName;
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
-use super::certs::Leaf;
-use super::{HostPattern, InterceptStats, excluded};
+use crate::intercept::certs::Leaf;
+use crate::intercept::{HostPattern, InterceptStats, OriginTlsFault, excluded};
 use crate::body::OutBody;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
-use crate::health::Outcome;
-use crate::pool::{Exchange, Lease};
+use crate::outcome::Outcome;
+use crate::pool::lease::{Exchange, Lease};
 use crate::proxy::observe::Observed;
 use crate::proxy::{framing, headers};
 use crate::state::Gateway;
@@ -157,57 +157,6 @@ async fn peek_hello(client: &mut ClientIo, buf: &mut Vec<u8>) -> Peek {
         }
     }
     Peek::NotTls
-}
-
-/// Why TLS with the origin (through the upstream) failed, and whom that blames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OriginTlsFault {
-    /// The origin's certificate did not verify: the origin's (or its CA's) business.
-    Certificate,
-    /// The origin refused the handshake with an alert.
-    Alert,
-    /// The bytes that came back were not TLS: something on the path (the upstream) broke them.
-    Protocol,
-    /// The tunnel closed or broke during the handshake.
-    Closed,
-    /// No handshake within `connect_timeout`.
-    Timeout,
-}
-
-impl OriginTlsFault {
-    /// Faults of the origin move no upstream's health; a broken path does.
-    pub fn outcome(self) -> Outcome {
-        match self {
-            OriginTlsFault::Certificate | OriginTlsFault::Alert => Outcome::OriginError,
-            OriginTlsFault::Protocol | OriginTlsFault::Closed => Outcome::Reset,
-            OriginTlsFault::Timeout => Outcome::Timeout,
-        }
-    }
-
-    /// RFC 9209 Proxy-Status error type.
-    pub fn proxy_status(self) -> &'static str {
-        match self {
-            OriginTlsFault::Certificate => "tls_certificate_error",
-            OriginTlsFault::Alert => "tls_alert_received",
-            OriginTlsFault::Protocol => "tls_protocol_error",
-            OriginTlsFault::Closed => "connection_terminated",
-            OriginTlsFault::Timeout => "connection_timeout",
-        }
-    }
-
-    fn of(e: &std::io::Error) -> Self {
-        match e
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) => {
-                OriginTlsFault::Certificate
-            }
-            Some(rustls::Error::AlertReceived(_)) => OriginTlsFault::Alert,
-            Some(_) => OriginTlsFault::Protocol,
-            None => OriginTlsFault::Closed,
-        }
-    }
 }
 
 /// A failed step towards the origin: the outcome it records and the error the client sees.
@@ -575,24 +524,5 @@ impl Shared {
                 },
             })?;
         origin_connect(&self.gw, &self.upstream.id, &self.target, &self.name, io).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn origin_tls_faults_blame_the_right_party() {
-        let cert = std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
-        );
-        assert_eq!(OriginTlsFault::of(&cert), OriginTlsFault::Certificate);
-        assert_eq!(OriginTlsFault::Certificate.outcome(), Outcome::OriginError);
-        let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
-        assert_eq!(OriginTlsFault::of(&eof), OriginTlsFault::Closed);
-        assert_eq!(OriginTlsFault::Closed.outcome(), Outcome::Reset);
-        assert_eq!(OriginTlsFault::Timeout.outcome(), Outcome::Timeout);
     }
 }
