@@ -44,9 +44,9 @@ pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
         return Err(SessionError::EmptyAccount { label });
     }
 
-    let mut session: Option<(&'static str, SessionKey)> = None;
-    let mut ttl: Option<(&'static str, Duration)> = None;
-    let mut pool: Option<(&'static str, String)> = None;
+    let mut session = None;
+    let mut ttl = None;
+    let mut pool = None;
     for pair in tokens.get(start..).unwrap_or_default().chunks(2) {
         let (label, value) = match *pair {
             [label, value] => (label, value),
@@ -67,34 +67,10 @@ pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
         let Some((label, kind)) = recognise(label) else {
             continue;
         };
-        let first = match kind {
-            Kind::Session => session.as_ref().map(|s| s.0),
-            Kind::Lifetime => ttl.as_ref().map(|t| t.0),
-            Kind::Pool => pool.as_ref().map(|p| p.0),
-        };
-        if let Some(first) = first {
-            return Err(SessionError::RepeatedLabel { first, label });
-        }
-        if value.is_empty() {
-            return Err(SessionError::MissingValue { label });
-        }
-        let invalid = || SessionError::InvalidValue {
-            label,
-            value: shown(value),
-        };
         match kind {
-            Kind::Session if is_username_key(value) => {
-                session = Some((label, SessionKey(value.to_owned())));
-            }
-            Kind::Lifetime => ttl = Some((label, lifetime(value).ok_or_else(invalid)?)),
-            Kind::Pool
-                if is_name(value, MAX_POOL_NAME_LEN, |c| {
-                    c.is_ascii_alphanumeric() || c == '_'
-                }) =>
-            {
-                pool = Some((label, value.to_owned()));
-            }
-            Kind::Session | Kind::Pool => return Err(invalid()),
+            Kind::Session => take(&mut session, label, value, session_key)?,
+            Kind::Lifetime => take(&mut ttl, label, value, lifetime)?,
+            Kind::Pool => take(&mut pool, label, value, pool_name)?,
         }
     }
     Ok(UsernameLabels {
@@ -105,7 +81,30 @@ pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
     })
 }
 
-/// What a username label sets.
+/// Fills `slot` with `value` read by `read`, remembering the label's spelling: each thing may be
+/// set once, by any of its spellings, and the error for a second one names both.
+fn take<T>(
+    slot: &mut Option<(&'static str, T)>,
+    label: &'static str,
+    value: &str,
+    read: fn(&str) -> Option<T>,
+) -> Result<(), SessionError> {
+    if let Some((first, _)) = *slot {
+        return Err(SessionError::RepeatedLabel { first, label });
+    }
+    if value.is_empty() {
+        return Err(SessionError::MissingValue { label });
+    }
+    let read = read(value).ok_or_else(|| SessionError::InvalidValue {
+        label,
+        value: shown(value),
+    })?;
+    *slot = Some((label, read));
+    Ok(())
+}
+
+/// What a username label sets. Each has one arm in `parse_username`'s match, which picks the slot
+/// and the value's reader, and one in `label_form`; all else about a label is its `LABELS` row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Session,
@@ -113,7 +112,8 @@ enum Kind {
     Pool,
 }
 
-/// Recognised username labels, lower-case, with the gateway habit each comes from.
+/// Recognised username labels, lower-case, with the gateway habit each comes from. Another
+/// spelling of something already read is one row here.
 const LABELS: &[(&str, Kind)] = &[
     ("session", Kind::Session),          // Bright Data, Decodo, Geonode
     ("sessid", Kind::Session),           // Oxylabs
@@ -158,10 +158,19 @@ fn lifetime(value: &str) -> Option<Duration> {
 }
 
 /// Username keys cannot hold `-`, the label delimiter.
-fn is_username_key(value: &str) -> bool {
+fn session_key(value: &str) -> Option<SessionKey> {
     is_name(value, MAX_SESSION_KEY_LEN, |c| {
         c.is_ascii_alphanumeric() || c == '_' || c == '.'
     })
+    .then(|| SessionKey(value.to_owned()))
+}
+
+/// Username pool names cannot hold `-` either, unlike `X-Pool-Name`.
+fn pool_name(value: &str) -> Option<String> {
+    is_name(value, MAX_POOL_NAME_LEN, |c| {
+        c.is_ascii_alphanumeric() || c == '_'
+    })
+    .then(|| value.to_owned())
 }
 
 #[cfg(test)]
