@@ -98,6 +98,7 @@ pub struct Metrics {
     target_incidents: Family<PoolLabel, Gauge>,
     global_incident: Family<PoolLabel, Gauge>,
     target_success_ratio: Family<TargetLabels, Ratio>,
+    target_captcha_ratio: Family<TargetLabels, Ratio>,
     store_up: Family<StoreLabels, Gauge>,
     uptime: Gauge,
     probe_results: Family<ProbeLabels, Gauge>,
@@ -154,6 +155,7 @@ impl Metrics {
             target_incidents: Family::default(),
             global_incident: Family::default(),
             target_success_ratio: Family::default(),
+            target_captcha_ratio: Family::default(),
             store_up: Family::default(),
             uptime: Gauge::default(),
             probe_results: Family::default(),
@@ -226,6 +228,11 @@ impl Metrics {
                 "poolgate_target_success_ratio",
                 "Success ratio per busiest target and upstream",
                 m.target_success_ratio.clone(),
+            );
+            r.register(
+                "poolgate_target_captcha_ratio",
+                "Captcha/blocked share per busiest target and upstream",
+                m.target_captcha_ratio.clone(),
             );
             r.register(
                 "poolgate_store_up",
@@ -351,6 +358,7 @@ impl Metrics {
         self.success_ratio.clear();
         self.captcha_ratio.clear();
         self.target_success_ratio.clear();
+        self.target_captcha_ratio.clear();
         self.store_up.clear();
         self.probe_results.clear();
         self.probe_incident.clear();
@@ -448,14 +456,24 @@ impl Metrics {
             }
             for row in &p.matrix {
                 for cell in &row.cells {
+                    let labels = TargetLabels {
+                        pool: p.name.clone(),
+                        target: row.target.clone(),
+                        upstream: cell.upstream.clone(),
+                    };
                     self.target_success_ratio
-                        .get_or_create(&TargetLabels {
-                            pool: p.name.clone(),
-                            target: row.target.clone(),
-                            upstream: cell.upstream.clone(),
-                        })
+                        .get_or_create(&labels)
                         .set(cell.success_ratio);
+                    self.target_captcha_ratio
+                        .get_or_create(&labels)
+                        .set(cell.captcha_ratio);
                 }
+            }
+            // Every limit's series from the start, at 0, as `/status` shows them.
+            for scope in Scope::ALL {
+                let labels = rate_labels(&p.name, scope);
+                drop(self.rate_limited.get_or_create(&labels));
+                drop(self.rate_limit_waits.get_or_create(&labels));
             }
         }
         self.status_series.set(status_families(status));
