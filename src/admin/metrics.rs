@@ -5,13 +5,20 @@
 //! scrape (states, leases, sessions, incidents, the bounded top-targets matrix). Label cardinality is
 //! bounded: pools and configured upstreams, outcomes, states, and at most
 //! [`crate::health::engine::MATRIX_TARGETS`] targets per pool.
+//!
+//! Every count of `/status` has a series here (the test `metrics_cover_status` walks `/status` and
+//! holds every numeric field to its series). Counts kept outside this registry (request
+//! accounting, interception, the store, health, probes, lists) are read from the same snapshot
+//! at each scrape by [`StatusSeries`].
 
 use std::sync::{Mutex, OnceLock, RwLock};
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -91,6 +98,7 @@ pub struct Metrics {
     target_incidents: Family<PoolLabel, Gauge>,
     global_incident: Family<PoolLabel, Gauge>,
     target_success_ratio: Family<TargetLabels, Ratio>,
+    target_captcha_ratio: Family<TargetLabels, Ratio>,
     store_up: Family<StoreLabels, Gauge>,
     uptime: Gauge,
     probe_results: Family<ProbeLabels, Gauge>,
@@ -99,6 +107,8 @@ pub struct Metrics {
     source_fetches: Family<SourceLabels, Gauge>,
     rate_limited: Family<RateLimitLabels, Counter>,
     rate_limit_waits: Family<RateLimitLabels, Counter>,
+    /// The series read from the `/status` snapshot.
+    status_series: std::sync::Arc<StatusSeries>,
     /// pool -> upstream -> its `requests` and `latency` series (see [`Metrics::record`]).
     exchanges: RwLock<FastMap<String, FastMap<String, MemberSeries>>>,
 }
@@ -145,6 +155,7 @@ impl Metrics {
             target_incidents: Family::default(),
             global_incident: Family::default(),
             target_success_ratio: Family::default(),
+            target_captcha_ratio: Family::default(),
             store_up: Family::default(),
             uptime: Gauge::default(),
             probe_results: Family::default(),
@@ -153,6 +164,7 @@ impl Metrics {
             source_fetches: Family::default(),
             rate_limited: Family::default(),
             rate_limit_waits: Family::default(),
+            status_series: Default::default(),
             exchanges: RwLock::default(),
         };
         {
@@ -218,6 +230,11 @@ impl Metrics {
                 m.target_success_ratio.clone(),
             );
             r.register(
+                "poolgate_target_captcha_ratio",
+                "Captcha/blocked share per busiest target and upstream",
+                m.target_captcha_ratio.clone(),
+            );
+            r.register(
                 "poolgate_store_up",
                 "1 when the store is reachable, 0 when degraded",
                 m.store_up.clone(),
@@ -257,6 +274,7 @@ impl Metrics {
                 "Seconds since start",
                 m.uptime.clone(),
             );
+            r.register_collector(Box::new(m.status_series.clone()));
         }
         m
     }
@@ -340,6 +358,7 @@ impl Metrics {
         self.success_ratio.clear();
         self.captcha_ratio.clear();
         self.target_success_ratio.clear();
+        self.target_captcha_ratio.clear();
         self.store_up.clear();
         self.probe_results.clear();
         self.probe_incident.clear();
@@ -437,21 +456,322 @@ impl Metrics {
             }
             for row in &p.matrix {
                 for cell in &row.cells {
+                    let labels = TargetLabels {
+                        pool: p.name.clone(),
+                        target: row.target.clone(),
+                        upstream: cell.upstream.clone(),
+                    };
                     self.target_success_ratio
-                        .get_or_create(&TargetLabels {
-                            pool: p.name.clone(),
-                            target: row.target.clone(),
-                            upstream: cell.upstream.clone(),
-                        })
+                        .get_or_create(&labels)
                         .set(cell.success_ratio);
+                    self.target_captcha_ratio
+                        .get_or_create(&labels)
+                        .set(cell.captcha_ratio);
                 }
             }
+            // Every limit's series from the start, at 0, as `/status` shows them.
+            for scope in Scope::ALL {
+                let labels = rate_labels(&p.name, scope);
+                drop(self.rate_limited.get_or_create(&labels));
+                drop(self.rate_limit_waits.get_or_create(&labels));
+            }
         }
+        self.status_series.set(status_families(status));
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
         Ok(out)
     }
+}
+
+/// Label pairs of one snapshot series.
+type Labels = Vec<(&'static str, String)>;
+
+/// One family of series read from the `/status` snapshot.
+#[derive(Debug)]
+struct StatusFamily {
+    name: &'static str,
+    help: &'static str,
+    /// A count since start (exposed as a counter, `<name>_total`), else a current value.
+    counter: bool,
+    samples: Vec<(Labels, u64)>,
+}
+
+/// Series whose figures are kept outside this registry, set from the `/status` snapshot at each
+/// scrape (so `/metrics` and `/status` show the same figures). Counters among them are exposed as
+/// counters, though their values are read rather than incremented here.
+#[derive(Debug, Default)]
+struct StatusSeries(Mutex<Vec<StatusFamily>>);
+
+impl StatusSeries {
+    fn set(&self, families: Vec<StatusFamily>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = families;
+    }
+}
+
+impl Collector for StatusSeries {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let families = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for f in families.iter() {
+            let kind = if f.counter {
+                MetricType::Counter
+            } else {
+                MetricType::Gauge
+            };
+            let mut family = encoder.encode_descriptor(f.name, f.help, None, kind)?;
+            for (labels, value) in &f.samples {
+                let series = family.encode_family(labels)?;
+                if f.counter {
+                    ConstCounter::new(*value).encode(series)?;
+                } else {
+                    ConstGauge::new(i64::try_from(*value).unwrap_or(i64::MAX)).encode(series)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The snapshot series of `s`: every family always, with a series per figure `/status` shows.
+fn status_families(s: &Status) -> Vec<StatusFamily> {
+    let mut out = Vec::new();
+    let mut family = |name, help, counter, samples| {
+        out.push(StatusFamily {
+            name,
+            help,
+            counter,
+            samples,
+        })
+    };
+    let one = |value: u64| vec![(Labels::new(), value)];
+    let by = |label: &'static str, values: &[(&'static str, u64)]| -> Vec<(Labels, u64)> {
+        values
+            .iter()
+            .map(|(k, v)| (vec![(label, k.to_string())], *v))
+            .collect()
+    };
+
+    let r = &s.traffic.requests;
+    family(
+        "poolgate_requests_accepted",
+        "Client requests accepted (head parsed) since start",
+        true,
+        one(r.accepted),
+    );
+    family(
+        "poolgate_requests_ended",
+        "Accepted client requests that ended, by how (completed, rejected: a 4xx of the gateway, failed: a 5xx of the gateway or a broken response)",
+        true,
+        by(
+            "end",
+            &[
+                ("completed", r.completed),
+                ("rejected", r.rejected),
+                ("failed", r.failed),
+            ],
+        ),
+    );
+    family(
+        "poolgate_requests_in_flight",
+        "Accepted client requests not yet ended",
+        false,
+        one(r.in_flight),
+    );
+    family(
+        "poolgate_requests_forwarded",
+        "Plain requests whose head was sent to an upstream, since start",
+        true,
+        one(r.forwarded),
+    );
+    family(
+        "poolgate_tunnels",
+        "CONNECT tunnels since start",
+        true,
+        one(s.traffic.tunnels.total),
+    );
+    family(
+        "poolgate_tunnels_open",
+        "CONNECT tunnels open now",
+        false,
+        one(s.traffic.tunnels.open),
+    );
+    family(
+        "poolgate_connections_open",
+        "Client connections open on the proxy port",
+        false,
+        one(s.traffic.connections.open),
+    );
+    family(
+        "poolgate_connections_refused",
+        "Client connections refused by the connection limits since start",
+        true,
+        one(s.traffic.connections.refused),
+    );
+    let c = &s.traffic.config;
+    family(
+        "poolgate_config_generation",
+        "Config generation: 1 at start, +1 per successful reload",
+        false,
+        one(c.generation),
+    );
+    family(
+        "poolgate_config_reloads",
+        "Config reloads since start by result (ok, failed)",
+        true,
+        by(
+            "result",
+            &[("ok", c.reloads_ok), ("failed", c.reloads_failed)],
+        ),
+    );
+
+    let i = &s.intercept;
+    family(
+        "poolgate_intercept_tunnels",
+        "Tunnels of inspecting pools since start by mode (inspected, excluded, passthrough)",
+        true,
+        by(
+            "mode",
+            &[
+                ("inspected", i.tunnels_inspected),
+                ("excluded", i.tunnels_excluded),
+                ("passthrough", i.tunnels_passthrough),
+            ],
+        ),
+    );
+    family(
+        "poolgate_intercept_requests",
+        "Requests relayed inside inspected tunnels since start",
+        true,
+        one(i.requests),
+    );
+    family(
+        "poolgate_intercept_handshake_failures",
+        "Failed TLS handshakes of interception since start by side (client: with the gateway, origin: with the origin)",
+        true,
+        by(
+            "side",
+            &[
+                ("client", i.client_handshake_failures),
+                ("origin", i.origin_handshake_failures),
+            ],
+        ),
+    );
+    family(
+        "poolgate_intercept_certs_minted",
+        "Leaf certificates minted since start",
+        true,
+        one(i.certs_minted),
+    );
+    family(
+        "poolgate_intercept_cert_cache_entries",
+        "Leaf certificates cached now",
+        false,
+        one(i.cert_cache_entries as u64),
+    );
+    family(
+        "poolgate_intercept_cert_cache_capacity",
+        "Leaf certificates the cache holds at most",
+        false,
+        one(i.cert_cache_capacity as u64),
+    );
+
+    let mut allocations = Vec::new();
+    let mut outcomes = Vec::new();
+    let mut quarantines = Vec::new();
+    let mut target_exchanges = Vec::new();
+    let mut probes_in_flight = Vec::new();
+    let mut reference_probes = Vec::new();
+    let mut rate_limit_keys = Vec::new();
+    let mut skipped_lines = Vec::new();
+    for p in &s.pools {
+        let pool = || ("pool", p.name.clone());
+        for u in &p.upstreams {
+            let labels = || vec![pool(), ("upstream", u.id.clone())];
+            allocations.push((labels(), u.stats.allocations));
+            for (outcome, n) in &u.stats.outcomes {
+                let mut l = labels();
+                l.push(("outcome", outcome.to_string()));
+                outcomes.push((l, *n));
+            }
+            if let Some(h) = &u.health {
+                quarantines.push((labels(), h.quarantines_total));
+            }
+        }
+        for row in &p.matrix {
+            for cell in &row.cells {
+                for (result, n) in [
+                    ("ok", cell.counts.ok),
+                    ("faults", cell.counts.faults),
+                    ("bans", cell.counts.bans),
+                ] {
+                    let l = vec![
+                        pool(),
+                        ("target", row.target.clone()),
+                        ("upstream", cell.upstream.clone()),
+                        ("result", result.to_string()),
+                    ];
+                    target_exchanges.push((l, n));
+                }
+            }
+        }
+        if let Some(probes) = &p.probes {
+            probes_in_flight.push((vec![pool()], probes.in_flight as u64));
+            reference_probes.push((vec![pool()], probes.reference_probes));
+        }
+        rate_limit_keys.push((vec![pool()], p.rate_limit.keys_tracked as u64));
+        if let Some(src) = &p.sources {
+            skipped_lines.push((vec![pool()], src.skipped_lines as u64));
+        }
+    }
+    family(
+        "poolgate_upstream_allocations",
+        "Leases granted per upstream since start, as the store counts them",
+        true,
+        allocations,
+    );
+    family(
+        "poolgate_upstream_outcomes",
+        "Recorded exchange outcomes per upstream since start, as the store counts them (every request of an inspected tunnel and every feedback report included)",
+        true,
+        outcomes,
+    );
+    family(
+        "poolgate_upstream_quarantines",
+        "Quarantines per upstream since start",
+        true,
+        quarantines,
+    );
+    family(
+        "poolgate_target_exchanges",
+        "Exchanges health counted per busiest target and upstream by result (ok, faults, bans)",
+        false,
+        target_exchanges,
+    );
+    family(
+        "poolgate_probes_in_flight",
+        "Probes of a pool under way",
+        false,
+        probes_in_flight,
+    );
+    family(
+        "poolgate_reference_probes",
+        "Reference probes (through other upstreams, after a failed probe) since start",
+        true,
+        reference_probes,
+    );
+    family(
+        "poolgate_rate_limit_keys",
+        "Rate-limit buckets this instance holds now",
+        false,
+        rate_limit_keys,
+    );
+    family(
+        "poolgate_source_skipped_lines",
+        "Malformed lines skipped at the last read of a pool's lists",
+        false,
+        skipped_lines,
+    );
+    out
 }
 
 #[cfg(test)]
