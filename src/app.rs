@@ -12,13 +12,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accounting::Counters;
-use crate::admin::metrics::Metrics;
 use crate::admit::TargetPolicy;
 use crate::auth::Authenticator;
 use crate::config::{Config, StoreConfig};
 use crate::health::classify::CaptchaRules;
 use crate::intercept::{InterceptSetupError, Interceptor};
 use crate::limits::ClientConns;
+use crate::metrics::Metrics;
 use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::memory::MemoryStore;

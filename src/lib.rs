@@ -67,6 +67,7 @@ pub mod feedback;
 pub mod health;
 pub mod intercept;
 pub mod limits;
+pub mod metrics;
 pub mod outcome;
 pub mod password;
 pub mod per_thread;

@@ -8,7 +8,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accounting::Counters;
-use crate::admin::metrics::Metrics;
 use crate::admit::TargetPolicy;
 use crate::auth::Authenticator;
 use crate::config::Config;
@@ -16,6 +15,7 @@ use crate::health;
 use crate::health::classify::CaptchaRules;
 use crate::intercept::Interceptor;
 use crate::limits::ClientConns;
+use crate::metrics::Metrics;
 use crate::pool::PoolSet;
 use crate::store::AnyStore;
 use crate::upstream::connect::Connector;

@@ -27,11 +27,19 @@ fn layers(doc: &str) -> BTreeMap<String, Layer> {
     let section = section.split("\n## ").next().unwrap_or(section);
     let mut out = BTreeMap::new();
     for line in section.lines().filter(|l| l.trim_start().starts_with('|')) {
-        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
         let Some(rank) = cells.first().and_then(|c| c.parse::<usize>().ok()) else {
             continue;
         };
-        assert!(cells.len() >= 3, "a layer row needs rank, name and modules: {line}");
+        assert!(
+            cells.len() >= 3,
+            "a layer row needs rank, name and modules: {line}"
+        );
         for module in cells[2].split(',') {
             let module = module.trim().trim_matches('`').trim();
             if module.is_empty() {
@@ -77,8 +85,7 @@ fn sources(root: &Path) -> Vec<(PathBuf, Vec<String>)> {
             if parts.last().is_some_and(|p| p == "mod") {
                 parts.pop();
             }
-            if parts == ["main"] || parts == ["lib"] || parts.last().is_some_and(|p| p == "tests")
-            {
+            if parts == ["main"] || parts == ["lib"] || parts.last().is_some_and(|p| p == "tests") {
                 continue;
             }
             out.push((path, parts));
@@ -330,7 +337,9 @@ fn graph(root: &Path, table: &BTreeMap<String, Layer>) -> BTreeMap<(String, Stri
                 continue;
             };
             if to != from {
-                edges.entry((from.clone(), to)).or_insert_with(|| file.clone());
+                edges
+                    .entry((from.clone(), to))
+                    .or_insert_with(|| file.clone());
             }
         }
     }
@@ -407,7 +416,10 @@ fn modules_import_only_from_lower_layers_and_without_cycles() {
                 group.contains(a) && group.contains(b) && table[b].rank >= table[a].rank
             })
             .map(|((a, b), f)| {
-                format!("{a} -> {b} ({})", f.strip_prefix(root).unwrap_or(f).display())
+                format!(
+                    "{a} -> {b} ({})",
+                    f.strip_prefix(root).unwrap_or(f).display()
+                )
             })
             .collect();
         problems.push(format!("import cycle {group:?}: {}", in_group.join(", ")));
@@ -419,7 +431,9 @@ fn modules_import_only_from_lower_layers_and_without_cycles() {
         .collect();
     for entry in table.keys() {
         if !modules.contains(entry) {
-            problems.push(format!("the table lists `{entry}`, which is no module of src/"));
+            problems.push(format!(
+                "the table lists `{entry}`, which is no module of src/"
+            ));
         }
     }
     assert!(

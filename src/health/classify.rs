@@ -8,7 +8,6 @@ use aho_corasick::{AhoCorasick, AhoCorasickKind};
 use crate::config::CaptchaConfig;
 pub use crate::outcome::Outcome;
 
-
 /// Response classification: status and headers at the head, body markers while it streams.
 ///
 /// Built once from the config; cheap to share. Markers are looked for case-insensitively in the

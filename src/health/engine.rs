@@ -14,9 +14,9 @@ use tokio::time::Instant;
 
 use crate::config::{HealthConfig, Strategy};
 use crate::fast_map::FastMap;
-use crate::outcome::Outcome;
 use crate::health::blame::{Cell, TargetChange, Targets};
 use crate::health::state::{Sample, State, Transition, UpstreamHealth};
+use crate::outcome::Outcome;
 use crate::store::MemberState;
 use crate::upstream::UpstreamId;
 

@@ -19,8 +19,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::admin::metrics::Metrics;
 use crate::health;
+use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::pool::Pool;
 use crate::state::Gateway;

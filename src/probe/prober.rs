@@ -21,12 +21,12 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::config::ProbeConfig;
-pub use crate::probe::status::{ProbeIncident, ProbeStatus, Registry};
-use crate::probe::status::{PoolProbes, lock};
-pub use crate::probe::{LiveRunner, Runner};
 use crate::health::engine::ProbePurpose;
 use crate::health::{self, PoolHealth};
 use crate::pool::Pool;
+use crate::probe::status::{PoolProbes, lock};
+pub use crate::probe::status::{ProbeIncident, ProbeStatus, Registry};
+pub use crate::probe::{LiveRunner, Runner};
 use crate::state::Gateway;
 use crate::store::job_lock::JobLock;
 use crate::upstream::{Upstream, UpstreamId};
@@ -40,7 +40,6 @@ const LOCK_TTL: Duration = Duration::from_secs(10);
 const PACE_HEADROOM: f64 = 1.5;
 /// In-service upstreams a failed probe is checked against before it counts.
 const REFERENCE_PROBES: usize = 2;
-
 
 /// One scheduled upstream.
 struct Entry {

@@ -30,11 +30,11 @@ use rustls::pki_types::ServerName;
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
-use crate::intercept::certs::Leaf;
-use crate::intercept::{HostPattern, InterceptStats, OriginTlsFault, excluded};
 use crate::body::OutBody;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
+use crate::intercept::certs::Leaf;
+use crate::intercept::{HostPattern, InterceptStats, OriginTlsFault, excluded};
 use crate::outcome::Outcome;
 use crate::pool::lease::{Exchange, Lease};
 use crate::proxy::observe::Observed;

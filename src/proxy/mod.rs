@@ -5,9 +5,9 @@
 //! read the session, pick the pool ([`route`]), then lease and connect with retry ([`open`]).
 
 pub mod forward;
-pub mod inspect;
 pub mod framing;
 pub mod headers;
+pub mod inspect;
 pub mod observe;
 pub mod pipe;
 pub mod tunnel;
@@ -22,11 +22,11 @@ use hyper::body::Incoming;
 use crate::accounting::{End, Ticket};
 use crate::admit;
 use crate::error::ProxyError;
-use crate::outcome::Outcome;
 use crate::limits::Guarded;
-use crate::pool::select::{self, Route, SessionPlan};
+use crate::outcome::Outcome;
 use crate::pool::PoolSet;
 use crate::pool::lease::Lease;
+use crate::pool::select::{self, Route, SessionPlan};
 use crate::session::{self, SessionRequest};
 use crate::state::Gateway;
 use crate::store::Store;

@@ -15,8 +15,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
-use crate::outcome::Outcome;
 use crate::health::classify::Sniffer;
+use crate::outcome::Outcome;
 use crate::pool::lease::{Exchange, Lease};
 
 pin_project! {

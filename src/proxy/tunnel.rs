@@ -24,11 +24,11 @@ use tokio::time::Instant;
 
 use crate::body::{self, Body};
 use crate::error::ProxyError;
-use crate::outcome::Outcome;
 use crate::intercept;
-use crate::proxy::inspect::{self, Opening};
 use crate::limits::{Activity, Tracked};
+use crate::outcome::Outcome;
 use crate::pool::lease::Lease;
+use crate::proxy::inspect::{self, Opening};
 use crate::proxy::pipe::{self, End, Side};
 use crate::proxy::{self, headers};
 use crate::server::AfterUpgrade;
@@ -95,10 +95,7 @@ pub async fn handle(
         // into its task) room for it.
         match Box::pin(inspect::open(&gw, client, &target, &exclude)).await {
             Opening::Inspect(hello) => {
-                Box::pin(inspect::serve(
-                    gw, hello, io, lease, target, session,
-                ))
-                .await
+                Box::pin(inspect::serve(gw, hello, io, lease, target, session)).await
             }
             Opening::PassThrough(client) => relay(&gw, client, io, lease).await,
             Opening::Gone => lease.finish(Outcome::Cancelled),
