@@ -38,6 +38,7 @@ use crate::intercept::{HostPattern, InterceptStats, OriginTlsFault, excluded};
 use crate::outcome::Outcome;
 use crate::pool::lease::{Exchange, Lease};
 use crate::proxy::observe::Observed;
+use crate::proxy::respond::ErrorResponse;
 use crate::proxy::{framing, headers};
 use crate::state::Gateway;
 use crate::target::Target;

@@ -10,6 +10,7 @@ pub mod headers;
 pub mod inspect;
 pub mod observe;
 pub mod pipe;
+pub mod respond;
 pub mod tunnel;
 
 use std::future::Future;
@@ -27,6 +28,7 @@ use crate::outcome::Outcome;
 use crate::pool::PoolSet;
 use crate::pool::lease::Lease;
 use crate::pool::select::{self, Route, SessionPlan};
+use crate::proxy::respond::ErrorResponse;
 use crate::session::{self, SessionRequest};
 use crate::state::Gateway;
 use crate::store::Store;
