@@ -23,7 +23,6 @@ use crate::health;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::pool::Pool;
-use crate::state::Gateway;
 use crate::store::{AnyStore, Grant, Store};
 use crate::upstream::Upstream;
 
@@ -48,8 +47,12 @@ struct Held {
 }
 
 impl Lease {
+    /// A lease on `grant`, released to `store` (on `tasks` when the release waits) and counted
+    /// in `metrics`.
     pub(crate) fn new(
-        gw: &Gateway,
+        store: Arc<AnyStore>,
+        tasks: TaskTracker,
+        metrics: Arc<Metrics>,
         pool: Arc<Pool>,
         grant: Grant,
         upstream: Arc<Upstream>,
@@ -57,9 +60,9 @@ impl Lease {
     ) -> Self {
         Lease {
             inner: Some(Held {
-                store: gw.store.clone(),
-                tasks: gw.tasks.clone(),
-                metrics: gw.metrics.clone(),
+                store,
+                tasks,
+                metrics,
                 pool,
                 grant,
                 upstream,

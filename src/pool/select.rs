@@ -251,7 +251,9 @@ async fn lease_for(gw: &Gateway, route: &Route, grant: Grant) -> Result<Lease, P
         return Err(ProxyError::NoUpstream);
     };
     Ok(Lease::new(
-        gw,
+        gw.store.clone(),
+        gw.tasks.clone(),
+        gw.metrics.clone(),
         pool.clone(),
         grant,
         upstream,
