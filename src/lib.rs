@@ -5,48 +5,37 @@
 //! and shows it all on an admin listener.
 //!
 //! # Layout
+//! Modules sit in layers and import only from layers below their own; the table is in
+//! `docs/architecture.md` and `tests/architecture.rs` holds the code to it. Bottom up:
+//! - foundation: [`body`], [`outcome`] (what happened to an exchange), [`target`] (canonical
+//!   hosts), [`upstream`] (URLs and ids), [`session`] (header and username grammar),
+//!   [`intercept`] (the interception CA and leaf certificates), [`limits`], [`per_thread`],
+//!   [`password`], [`store_url`], [`fast_map`], [`shutdown`].
 //! - [`config`]: the TOML file → a validated [`config::Config`].
-//! - [`app`]: builds the shared [`state::Gateway`], binds listeners, owns shutdown.
-//! - [`shutdown`]: signals and what each one means.
-//! - [`reload`]: config reload (SIGHUP, `POST /admin/reload`) without dropping work.
-//! - [`server`]: accept loop (connection limits) and per-connection hyper service.
-//! - [`limits`]: connection limits, idle timeouts, request body limit.
-//! - [`accounting`]: accepted = completed + rejected + failed + in flight.
-//! - [`admit`]: client allowlist and target policy (ports, internal addresses, own listeners).
-//! - [`auth`]: proxy credentials against argon2 hashes, with a cache of successful checks.
-//! - [`session`]: session key, pool and lifetime from headers and proxy usernames.
-//! - [`proxy`]: the request path: [`proxy::forward`] (absolute-form), [`proxy::tunnel`]
-//!   (CONNECT), [`proxy::framing`] (what is refused so nothing is framed two ways),
-//!   [`proxy::headers`] (hygiene), [`proxy::observe`] (lease held while the body streams),
-//!   [`proxy::pipe`] (the tunnel copy that knows who closed and who sent what).
-//! - [`pool`]: pools, [`pool::select`] (which upstream), [`pool::ring`] (sticky placement: consistent hashing),
-//!   [`pool::lease`].
-//! - [`ratelimit`]: per-instance rate limits per upstream, upstream × target and user.
-//! - [`store`]: the [`store::Store`] interface and its backends: [`store::memory`] (embedded)
-//!   and [`store::redis`] (shared by instances; one Lua script of `lua/` per decision).
-//! - [`upstream`]: upstream URLs and ids, [`upstream::connect`] (http/https/socks5/direct),
-//!   [`upstream::reuse`] (keep-alive), [`upstream::tls`].
-//! - [`health`]: [`health::classify`] (outcomes, captcha sniffing), [`health::state`] (the
-//!   per-upstream state machine), [`health::blame`] (per-target stats, incidents),
-//!   [`health::engine`] (per pool: guards and allocator changes).
-//! - [`sources`]: upstream lists that change at run time (`upstreams_file`, `upstreams_url`),
-//!   candidates admitted by probe, unlisted members drained; [`sources::list`] (the line format),
-//!   [`sources::fetch`] (the URL).
-//! - [`probe`]: active probes: [`mod@probe::check`] (one request to a control target through an
-//!   upstream), [`probe::prober`] (the background scheduler: recovery, idle and dead upstreams,
-//!   probe incidents, one prober per pool across instances).
-//! - [`admin`]: `/status`, `/metrics`, `/dashboard`, `/healthz`, `/readyz`, admin actions, and
-//!   the `poolgate status` client.
-//! - [`intercept`]: opt-in TLS interception on CONNECT: [`intercept::ca`] (the CA),
-//!   [`intercept::certs`] (leaf certificates, LRU), [`intercept::relay`] (HTTP/1.1 relayed and
-//!   classified inside the tunnel).
-//! - [`feedback`]: `POST /feedback`, outcomes reported by clients of opaque tunnels.
-//! - [`error`]: the one error type and its one error → response function.
+//! - domain: [`upstream::connect`] (http/https/socks5/direct), [`upstream::reuse`] (keep-alive),
+//!   [`upstream::tls`]; [`store`] ([`store::memory`] embedded, [`store::redis`] shared, one Lua
+//!   script of `lua/` per decision); [`health`] ([`health::classify`], [`health::state`] the
+//!   per-upstream state machine, [`health::blame`] per-target stats and incidents,
+//!   [`health::engine`]); [`ratelimit`]; [`auth`]; [`accounting`]; [`metrics`]; [`probe`]
+//!   ([`mod@probe::check`], [`probe::status`]); [`sources`] ([`sources::list`],
+//!   [`sources::fetch`]).
+//! - decisions: [`error`] (the one error type, no HTTP), [`admit`] (client allowlist, target
+//!   policy), [`pool`] ([`pool::ring`] sticky placement, [`pool::lease`]).
+//! - [`state`]: `Gateway`, the shared handles; nothing below names it.
+//! - pipeline: [`server`] (accept loop, connection limits), [`proxy`] ([`proxy::forward`],
+//!   [`proxy::tunnel`], [`proxy::inspect`], [`proxy::framing`], [`proxy::headers`],
+//!   [`proxy::observe`], [`proxy::pipe`], [`proxy::respond`] errors → responses),
+//!   [`pool::select`].
+//! - jobs: [`probe::prober`], [`sources::watch`], [`reload`].
+//! - surfaces: [`admin`] (`/status`, `/metrics`, `/dashboard`, actions, the `poolgate status`
+//!   client), [`feedback`].
+//! - wiring: [`app`] (builds the state, binds listeners, owns shutdown), [`workers`].
 //!
 //! # Request flow
 //! `server (limits) → proxy::handle (framing) → admit (client) → session → auth → admit
 //! (target) → pool::select (ratelimit) → store::acquire → upstream::connect (resolved-address policy) →
-//! proxy::{forward | tunnel [→ intercept::relay]} → health::classify → store::release`
+//! proxy::{forward | tunnel [→ proxy::inspect]} → health::classify → pool::lease → store::release`,
+//! and an error anywhere → `proxy::respond`.
 //!
 //! Background tasks (each cancelled on shutdown): the health tick (cool-downs), the prober, the
 //! upstream lists, the mirror of other instances' member settings, and the idle-connection
