@@ -9,13 +9,16 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::{HealthConfig, Strategy};
 use crate::fast_map::FastMap;
-use crate::health::blame::{Cell, TargetChange, Targets};
+use crate::health::blame::{TargetChange, Targets};
+use crate::health::latency::LatencyHistogram;
 use crate::health::state::{Sample, State, Transition, UpstreamHealth};
+pub use crate::health::view::{
+    MatrixCell, MatrixRow, PoolHealthView, TargetIncident, UpstreamHealthView,
+};
 use crate::outcome::Outcome;
 use crate::store::MemberState;
 use crate::upstream::UpstreamId;
@@ -131,110 +134,6 @@ impl ProbePurpose {
 pub struct PoolHealth {
     name: String,
     inner: Mutex<Engine>,
-}
-
-/// One upstream as `/status` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct UpstreamHealthView {
-    pub state: &'static str,
-    pub state_since_s: u64,
-    pub state_reason: String,
-    pub success_ratio: Option<f64>,
-    pub captcha_ratio: Option<f64>,
-    pub quarantines_total: u64,
-    pub cooldown_remaining_ms: Option<u64>,
-    /// Quarantined with the cool-down over, waiting for passing probes.
-    pub awaiting_probe: bool,
-    /// Passing probes counted so far towards half-open.
-    pub probe_passes: u32,
-    pub latency_ewma_ms: Option<f64>,
-    pub latency_p50_ms: Option<f64>,
-    pub latency_p95_ms: Option<f64>,
-    pub allocation_cost: u32,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct TargetIncident {
-    pub target: String,
-    pub since_s: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct MatrixRow {
-    pub target: String,
-    pub incident: bool,
-    pub cells: Vec<MatrixCell>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct MatrixCell {
-    pub upstream: String,
-    #[serde(flatten)]
-    pub counts: Cell,
-    pub success_ratio: f64,
-    pub captcha_ratio: f64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct PoolHealthView {
-    pub quarantine_cap: usize,
-    pub quarantined: usize,
-    pub counts_by_state: std::collections::BTreeMap<&'static str, usize>,
-    pub global_incident: bool,
-    pub target_incidents: Vec<TargetIncident>,
-    pub targets_tracked: usize,
-    #[serde(skip)]
-    pub upstreams: HashMap<UpstreamId, UpstreamHealthView>,
-    pub matrix: Vec<MatrixRow>,
-}
-
-/// Latency buckets: 1 ms growing by half each step, up to about a minute.
-const LATENCY_BUCKETS: usize = 28;
-/// Past this many samples the histogram halves, so percentiles follow recent behaviour.
-const LATENCY_DECAY_AT: u32 = 2_000;
-
-/// A small decaying histogram of latencies for p50/p95 estimates.
-#[derive(Debug, Default, Clone)]
-struct LatencyHistogram {
-    counts: [u32; LATENCY_BUCKETS],
-    total: u32,
-}
-
-impl LatencyHistogram {
-    fn bound(i: usize) -> f64 {
-        1.5f64.powi(i as i32)
-    }
-
-    fn record(&mut self, ms: f64) {
-        let i = (0..LATENCY_BUCKETS)
-            .find(|&i| ms <= Self::bound(i))
-            .unwrap_or(LATENCY_BUCKETS - 1);
-        self.counts[i] += 1;
-        self.total += 1;
-        if self.total >= LATENCY_DECAY_AT {
-            self.total = 0;
-            for c in self.counts.iter_mut() {
-                *c /= 2;
-                self.total += *c;
-            }
-        }
-    }
-
-    /// The upper bound of the bucket holding quantile `q`.
-    fn quantile(&self, q: f64) -> Option<f64> {
-        if self.total == 0 {
-            return None;
-        }
-        let rank = (q * self.total as f64).ceil().max(1.0) as u32;
-        let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                return Some((Self::bound(i) * 10.0).round() / 10.0);
-            }
-        }
-        None
-    }
 }
 
 /// Rows of the upstream × target matrix in `/status`.

@@ -7,7 +7,9 @@
 pub mod blame;
 pub mod classify;
 pub mod engine;
+mod latency;
 pub mod state;
+pub mod view;
 
 use std::sync::{Arc, RwLock};
 
