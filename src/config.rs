@@ -251,15 +251,46 @@ struct FileProbe {
 }
 
 /// A control target: a URL, or a table that overrides the expected answer for it.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 enum FileControlTarget {
     Url(String),
-    Table {
-        url: String,
-        expect_status: Option<u16>,
-        expect_body: Option<String>,
-    },
+    Table(FileControlTable),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileControlTable {
+    url: String,
+    expect_status: Option<u16>,
+    expect_body: Option<String>,
+}
+
+/// By hand rather than `#[serde(untagged)]`: an untagged enum reports any mistake inside the
+/// table as "did not match any variant", without the key or the reason.
+impl<'de> Deserialize<'de> for FileControlTarget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = FileControlTarget;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a URL or a table with url, expect_status and expect_body")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<Self::Value, E> {
+                Ok(FileControlTarget::Url(url.to_string()))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                FileControlTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(FileControlTarget::Table)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1605,11 +1636,11 @@ impl Validator {
             let key = format!("{prefix}.targets[{i}]");
             let (url, code, body) = match t {
                 FileControlTarget::Url(u) => (u, None, None),
-                FileControlTarget::Table {
+                FileControlTarget::Table(FileControlTable {
                     url,
                     expect_status,
                     expect_body,
-                } => (url, expect_status, expect_body),
+                }) => (url, expect_status, expect_body),
             };
             let expect_status = match code {
                 Some(_) => status(self, &format!("{key}.expect_status"), code),
@@ -2042,6 +2073,22 @@ queue_timeout = "soon"
             (
                 "[pools.default.health]\nwindoww = 3\n",
                 "pools.default.health.windoww (line 2): unknown field `windoww`, expected one of `window`, ",
+            ),
+            (
+                "[pools.default.probe]\ntargets = [\"http://a.example/\", { url = \"http://b.example/\", expect_status = \"204\" }]\n",
+                "pools.default.probe.targets[1].expect_status (line 2): invalid type: string \"204\", expected u16",
+            ),
+            (
+                "[pools.default.probe]\ntargets = [{ url = \"http://a.example/\", expect_stauts = 204 }]\n",
+                "pools.default.probe.targets[0].expect_stauts (line 2): unknown field `expect_stauts`, expected one of `url`, ",
+            ),
+            (
+                "[pools.default.probe]\ntargets = [{ expect_status = 204 }]\n",
+                "pools.default.probe.targets[0] (line 2): missing field `url`",
+            ),
+            (
+                "[pools.default.probe]\ntargets = [204]\n",
+                "pools.default.probe.targets[0] (line 2): invalid type: integer `204`, expected a URL or a table",
             ),
             (
                 "[serverr]\n",
