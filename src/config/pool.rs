@@ -194,3 +194,20 @@ impl Validator {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use super::Strategy;
+
+    #[test]
+    fn weighted_is_a_strategy() {
+        let c = Config::parse(
+            "[pools.default]\nupstreams = [\"direct://\"]\nstrategy = \"weighted\"\n",
+            "t",
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.pools["default"].strategy, Strategy::Weighted);
+    }
+}

@@ -137,3 +137,44 @@ impl Validator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::Config;
+    use super::DEFAULT_PROBE_SUCCESSES;
+
+    #[test]
+    fn probe_section_is_validated_with_keys_named() {
+        let ok = Config::parse(
+            "[pools.default]\nupstreams = [\"direct://\"]\n[pools.default.probe]\ntargets = [\"http://a.example/ok\", { url = \"https://b.example/\", expect_status = 204 }]\nexpect_body = \"fine\"\ninterval = \"45s\"\n",
+            "t",
+            None,
+        )
+        .unwrap();
+        let probe = ok.pools["default"].probe.clone().unwrap();
+        assert_eq!(probe.targets.len(), 2);
+        assert_eq!(probe.targets[0].expect_body.as_deref(), Some("fine"));
+        assert_eq!(probe.targets[1].expect_status, http::StatusCode::NO_CONTENT);
+        assert!(probe.targets[1].https);
+        assert_eq!(probe.interval, Duration::from_secs(45));
+        assert_eq!(probe.successes, DEFAULT_PROBE_SUCCESSES);
+
+        let bad = Config::parse(
+            "[pools.default]\nupstreams = [\"direct://\"]\n[pools.default.probe]\ntargets = [\"ftp://x\"]\nexpect_status = 99\nsuccesses = 0\nmax_latency = \"1m\"\ntimeout = \"5s\"\n",
+            "t",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        for key in [
+            "pools.default.probe.targets[0]",
+            "pools.default.probe.expect_status",
+            "pools.default.probe.successes",
+            "pools.default.probe.max_latency",
+        ] {
+            assert!(bad.contains(key), "{key} not named in: {bad}");
+        }
+    }
+}

@@ -127,3 +127,32 @@ impl Validator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use super::super::tests::problems;
+
+    #[test]
+    fn workers_default_to_the_cores_and_out_of_range_counts_are_refused_by_key() {
+        let c = Config::parse("[pools.default]\nupstreams = [\"direct://\"]\n", "t", None).unwrap();
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        assert_eq!(c.server.workers, cores);
+        let c = Config::parse(
+            "[server]\nworkers = 3\n[pools.default]\nupstreams = [\"direct://\"]\n",
+            "t",
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.server.workers, 3);
+        for bad in ["0", "1025"] {
+            let p = problems(&format!(
+                "[server]\nworkers = {bad}\n[pools.default]\nupstreams = [\"direct://\"]\n"
+            ));
+            assert!(
+                p.iter().any(|m| m.starts_with("server.workers: ")),
+                "{bad}: {p:?}"
+            );
+        }
+    }
+}

@@ -141,3 +141,70 @@ impl Validator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::upstream::Scheme;
+
+    use super::super::Config;
+    use super::super::tests::problems;
+
+    #[test]
+    fn sources_are_validated_with_keys_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[pools.default]\nupstreams_file = \"ups.txt\"\n";
+        let err = Config::parse(text, "t", Some(dir.path())).unwrap_err();
+        assert!(
+            err.problems[0].starts_with("pools.default.upstreams_file")
+                && err.problems[0].contains("cannot read"),
+            "{:?}",
+            err.problems
+        );
+        // Lines are the sources task's business: a bad one does not refuse the config.
+        std::fs::write(
+            dir.path().join("ups.txt"),
+            "# c\nbogus\nhttp://127.0.0.1:3128#a\n",
+        )
+        .unwrap();
+        let c = Config::parse(text, "t", Some(dir.path())).unwrap();
+        let pool = c.pool("default").unwrap();
+        assert!(pool.upstreams.is_empty());
+        assert_eq!(
+            pool.sources.file.as_deref(),
+            Some(dir.path().join("ups.txt").as_path())
+        );
+        assert_eq!(pool.sources.admission.schemes.len(), 4);
+
+        let p = problems(
+            "[pools.default]\nupstreams_url = \"ftp://lists.example/p.txt\"\nupstreams_url_interval = \"1s\"\n[pools.default.admission]\nschemes = [\"direct\", \"gopher\"]\nmax_latency = \"soon\"\nconcurrency = 0\n",
+        );
+        for key in [
+            "pools.default.upstreams_url:",
+            "pools.default.upstreams_url_interval:",
+            "pools.default.admission.schemes[0]:",
+            "pools.default.admission.schemes[1]:",
+            "pools.default.admission.max_latency:",
+            "pools.default.admission.concurrency:",
+        ] {
+            assert!(p.iter().any(|m| m.starts_with(key)), "{key} in {p:?}");
+        }
+        let p = problems("[pools.default]\nupstreams_url = \"https://lists.example/p.txt\"\n");
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with("pools.default.upstreams_url:") && m.contains("probe")),
+            "{p:?}"
+        );
+        let ok = Config::parse(
+            "[pools.default]\nupstreams_url = \"https://lists.example/p.txt\"\n[pools.default.probe]\ntargets = [\"http://a.example/\"]\n[pools.default.admission]\nschemes = [\"socks5\"]\nmax_latency = \"2s\"\n",
+            "t",
+            None,
+        )
+        .unwrap();
+        let s = &ok.pools["default"].sources;
+        assert_eq!(s.url_interval, Duration::from_secs(600));
+        assert_eq!(s.admission.schemes, vec![Scheme::Socks5]);
+        assert_eq!(s.admission.max_latency, Some(Duration::from_secs(2)));
+    }
+}

@@ -106,3 +106,47 @@ impl Validator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::Config;
+    use super::super::tests::problems;
+    use super::StoreConfig;
+
+    #[test]
+    fn redis_store_keys_are_read_and_the_password_never_shown() {
+        let c = Config::parse(
+            "[store]\nkind = \"redis\"\nurl = \"redis+cluster://:hunter2@127.0.0.1:7000,127.0.0.1:7001\"\n\
+             timeout = \"100ms\"\nkey_prefix = \"pg-eu\"\n\
+             [pools.default]\nupstreams = [\"direct://\"]\n",
+            "test.toml",
+            None,
+        )
+        .unwrap();
+        match &c.store {
+            StoreConfig::Redis {
+                timeout,
+                key_prefix,
+                ..
+            } => {
+                assert_eq!(*timeout, Duration::from_millis(100));
+                assert_eq!(key_prefix, "pg-eu");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!format!("{:?}", c.store).contains("hunter2"));
+        let p = problems(
+            "[store]\nkind = \"redis\"\nurl = \"http://:hunter2@h\"\nkey_prefix = \"a{b}\"\n",
+        )
+        .join("\n");
+        assert!(
+            p.contains("store.url") && p.contains("store.key_prefix"),
+            "{p}"
+        );
+        assert!(!p.contains("hunter2"), "{p}");
+        let p = problems("[store]\ntimeout = \"1s\"\n").join("\n");
+        assert!(p.contains("store.timeout"), "{p}");
+    }
+}
