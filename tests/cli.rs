@@ -99,6 +99,26 @@ queue_timeout = "later"
 }
 
 #[test]
+fn check_names_the_full_key_of_a_wrongly_typed_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        &dir,
+        "[pools.default]\nupstreams = [\"direct://\"]\nretries = \"many\"\n",
+    );
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("pools.default.retries (line 3): invalid type: string \"many\", expected u32"),
+        "{err}"
+    );
+}
+
+#[test]
 fn check_warns_about_skipped_list_lines_without_failing_or_echoing_them() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

@@ -1,0 +1,213 @@
+//! `[pools.<name>]`: a pool's upstreams, selection and session settings; its sub-tables have
+//! files of their own.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use crate::intercept::HostPattern;
+use crate::upstream::Upstream;
+
+use super::defaults::{
+    DEFAULT_LEASE_TTL_MS, DEFAULT_QUEUE_TIMEOUT_MS, DEFAULT_RETRIES, DEFAULT_SESSION_TTL_MS,
+    MAX_RETRIES, MAX_SESSION_TTL_MS, MIN_LEASE_TTL_MS,
+};
+use super::file::FilePool;
+use super::validate::Validator;
+use super::{HealthConfig, ProbeConfig, RateLimitConfig, SourcesConfig};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    LeastUsed,
+    LeastConnections,
+    RoundRobin,
+    /// Least-used where each upstream's share follows its success ratio and latency.
+    Weighted,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::LeastUsed => "least-used",
+            Strategy::LeastConnections => "least-connections",
+            Strategy::RoundRobin => "round-robin",
+            Strategy::Weighted => "weighted",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub name: String,
+    /// The upstreams listed inline (`upstreams = [...]`): members from the start. Members that
+    /// come from [`PoolConfig::sources`] are added to these at run time ([`crate::pool::Pool`]).
+    pub upstreams: Vec<Upstream>,
+    pub sources: SourcesConfig,
+    pub strategy: Strategy,
+    /// Live leases allowed per upstream across all instances; `None` is unlimited.
+    pub max_concurrency: Option<NonZeroU32>,
+    pub queue_timeout: Duration,
+    pub session_ttl: Duration,
+    pub lease_ttl: Duration,
+    /// Further upstreams tried when connecting fails before anything was sent.
+    pub retries: u32,
+    /// Whether a session whose upstream is unavailable moves to another one instead of failing.
+    pub rebind_on_failure: bool,
+    /// Terminate clients' TLS on CONNECT and inspect the HTTP inside (needs `[intercept]`).
+    pub inspect_tls: bool,
+    /// Hosts never inspected, matched against the SNI name and the CONNECT host.
+    pub inspect_exclude: Vec<HostPattern>,
+    pub health: HealthConfig,
+    /// Active probes; `None` leaves health passive (a cool-down's end alone returns an upstream
+    /// to half-open).
+    pub probe: Option<ProbeConfig>,
+    /// `[pools.<name>.rate_limit]`; none set when the table is absent.
+    pub rate_limit: RateLimitConfig,
+}
+
+impl Validator {
+    pub(super) fn pool(&mut self, name: &str, p: FilePool) -> Option<PoolConfig> {
+        let key = |k: &str| format!("pools.{name}.{k}");
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            self.problem(
+                &format!("pools.{name}"),
+                "pool names are 1 to 64 characters of letters, digits, '_' and '-'",
+            );
+        }
+        let mut upstreams = Vec::new();
+        for (i, url) in p.upstreams.iter().flatten().enumerate() {
+            match Upstream::parse(url) {
+                Ok(u) => upstreams.push(u),
+                Err(e) => self.problem(&format!("pools.{name}.upstreams[{i}]"), e),
+            }
+        }
+        let sources = self.sources(name, &p);
+        if upstreams.is_empty() && sources.is_empty() {
+            self.problem(
+                &key("upstreams"),
+                "a pool needs at least one upstream (or upstreams_file / upstreams_url)",
+            );
+        }
+        if sources.url.is_some() && p.probe.is_none() {
+            self.problem(
+                &key("upstreams_url"),
+                format!("candidates from a list are admitted by probing them: add [pools.{name}.probe] with control targets"),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for u in &upstreams {
+            if !seen.insert(u.id.clone()) {
+                self.problem(
+                    &key("upstreams"),
+                    format!("`{}` is listed twice (give one a distinct #id)", u.id),
+                );
+            }
+        }
+        let strategy = match p.strategy.as_deref().unwrap_or("least-used") {
+            "least-used" => Strategy::LeastUsed,
+            "least-connections" => Strategy::LeastConnections,
+            "round-robin" => Strategy::RoundRobin,
+            "weighted" => Strategy::Weighted,
+            other => {
+                self.problem(
+                    &key("strategy"),
+                    format!(
+                        "`{other}` is not a strategy (least-used, least-connections, round-robin, weighted)"
+                    ),
+                );
+                Strategy::LeastUsed
+            }
+        };
+        let max_concurrency = match p.max_concurrency {
+            None => None,
+            Some(0) => {
+                self.problem(
+                    &key("max_concurrency"),
+                    "must be at least 1 (omit it for no cap)",
+                );
+                None
+            }
+            Some(n) => NonZeroU32::new(n),
+        };
+        let session_ttl = self.duration(
+            &key("session_ttl"),
+            p.session_ttl.as_deref(),
+            DEFAULT_SESSION_TTL_MS,
+        );
+        if session_ttl > Duration::from_millis(MAX_SESSION_TTL_MS) {
+            self.problem(&key("session_ttl"), "must be at most 24h");
+        }
+        let lease_ttl = self.duration(
+            &key("lease_ttl"),
+            p.lease_ttl.as_deref(),
+            DEFAULT_LEASE_TTL_MS,
+        );
+        if lease_ttl < Duration::from_millis(MIN_LEASE_TTL_MS) {
+            self.problem(&key("lease_ttl"), "must be at least 1s");
+        }
+        let inspect_exclude = p
+            .inspect_exclude
+            .iter()
+            .flatten()
+            .enumerate()
+            .filter_map(|(i, pattern)| match HostPattern::parse(pattern) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    self.problem(&format!("pools.{name}.inspect_exclude[{i}]"), e);
+                    None
+                }
+            })
+            .collect();
+        let retries = p.retries.unwrap_or(DEFAULT_RETRIES);
+        if retries > MAX_RETRIES {
+            self.problem(&key("retries"), format!("must be at most {MAX_RETRIES}"));
+        }
+        Some(PoolConfig {
+            name: name.to_string(),
+            upstreams,
+            sources,
+            strategy,
+            max_concurrency,
+            queue_timeout: self.duration(
+                &key("queue_timeout"),
+                p.queue_timeout.as_deref(),
+                DEFAULT_QUEUE_TIMEOUT_MS,
+            ),
+            session_ttl,
+            lease_ttl,
+            retries,
+            rebind_on_failure: p.rebind_on_failure.unwrap_or(false),
+            inspect_tls: p.inspect_tls.unwrap_or(false),
+            inspect_exclude,
+            health: self.health(&format!("pools.{name}.health"), p.health),
+            probe: p
+                .probe
+                .map(|f| self.probe(&format!("pools.{name}.probe"), f)),
+            rate_limit: p
+                .rate_limit
+                .map(|r| self.rate_limit(&format!("pools.{name}.rate_limit"), r))
+                .unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use super::Strategy;
+
+    #[test]
+    fn weighted_is_a_strategy() {
+        let c = Config::parse(
+            "[pools.default]\nupstreams = [\"direct://\"]\nstrategy = \"weighted\"\n",
+            "t",
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.pools["default"].strategy, Strategy::Weighted);
+    }
+}

@@ -1,0 +1,63 @@
+//! Tests of the whole pipeline and of the checks that span sections; each section's own tests
+//! sit in its file.
+
+use super::*;
+
+/// The problems of a config that does not validate.
+pub(super) fn problems(text: &str) -> Vec<String> {
+    Config::parse(text, "test.toml", None).unwrap_err().problems
+}
+
+#[test]
+fn minimal_config_gets_safe_defaults() {
+    let c = Config::parse("[pools.default]\nupstreams = [\"direct://\"]\n", "t", None).unwrap();
+    assert_eq!(c.default_pool, "default");
+    assert_eq!(c.server.listen.to_string(), DEFAULT_PROXY_LISTEN);
+    assert_eq!(c.policy.connect_ports, vec![443]);
+    assert!(!c.policy.allow_private_targets);
+    let p = c.pool("default").unwrap();
+    assert_eq!(p.strategy, Strategy::LeastUsed);
+    assert_eq!(p.retries, DEFAULT_RETRIES);
+    assert_eq!(c.store, StoreConfig::Memory);
+}
+
+#[test]
+fn every_problem_is_reported_with_its_key() {
+    let p = problems(
+        r#"
+[server]
+listen = "nope"
+[store]
+kind = "etcd"
+[pools.a]
+upstreams = ["ftp://x:1", "http://u:hunter2@h"]
+strategy = "random"
+max_concurrency = 0
+queue_timeout = "soon"
+"#,
+    );
+    let joined = p.join("\n");
+    for key in [
+        "server.listen",
+        "store.kind",
+        "pools.a.upstreams[0]",
+        "pools.a.upstreams[1]",
+        "pools.a.strategy",
+        "pools.a.max_concurrency",
+        "pools.a.queue_timeout",
+    ] {
+        assert!(joined.contains(key), "missing {key} in:\n{joined}");
+    }
+    assert!(!joined.contains("hunter2"), "{joined}");
+}
+
+#[test]
+fn admin_off_loopback_needs_a_token() {
+    let p = problems(
+        "[server]\nadmin_listen = \"0.0.0.0:8081\"\n[pools.default]\nupstreams = [\"direct://\"]\n",
+    );
+    assert!(
+        p.iter().any(|m| m.starts_with("server.admin_token")),
+        "{p:?}"
+    );
+}
