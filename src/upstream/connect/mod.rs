@@ -1,0 +1,788 @@
+//! Opening byte streams to a target through an upstream: CONNECT through HTTP(S) proxies, SOCKS5
+//! handshakes, or a plain TCP connection for `direct`.
+//!
+//! Everything up to the first tunnel byte (DNS, TCP, TLS, CONNECT or SOCKS) runs under one
+//! `connect_timeout`, so a proxy that accepts and then stalls costs no more than one that refuses.
+//! Errors name hosts and ports only: credentials are never formatted into them.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_rustls::TlsConnector;
+use tokio_socks::TargetAddr;
+use tokio_socks::tcp::Socks5Stream;
+
+use super::{Scheme, Upstream};
+use crate::health::Outcome;
+use crate::target::Target;
+
+/// Any byte stream to an upstream or through it.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket this stream is, when it is nothing more (no TLS, no buffered bytes): a
+    /// tunnel between two of them splits them in place (see [`crate::proxy::pipe::copy`]).
+    fn as_socket(&mut self) -> Option<&mut TcpStream>;
+}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {
+    fn as_socket(&mut self) -> Option<&mut TcpStream> {
+        let any: &mut dyn Any = self;
+        // A boxed stream is itself an `Io`: look through the box at what it holds.
+        if any.is::<BoxIo>() {
+            return any
+                .downcast_mut::<BoxIo>()
+                .and_then(|inner| (**inner).as_socket());
+        }
+        any.downcast_mut()
+    }
+}
+pub type BoxIo = Box<dyn Io>;
+
+/// Cap on a proxy's CONNECT reply header: a proxy that sends more is broken or hostile, and
+/// buffering it without bound would let one upstream exhaust the gateway's memory.
+const MAX_REPLY_HEAD: usize = 16 * 1024;
+/// What the reply head is first read into.
+const REPLY_HEAD_START: usize = 1024;
+/// Header slots for parsing a CONNECT reply; real proxies send a handful.
+const MAX_REPLY_HEADERS: usize = 64;
+
+/// Why opening a connection through an upstream failed. Closed set; never contains credentials.
+///
+/// `addr` is the peer that failed: the proxy's `host:port`, or the target for `direct`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The proxy's host name did not resolve.
+    #[error("cannot resolve proxy host {host}: {error}")]
+    ProxyDns { host: String, error: io::Error },
+    /// The target's name did not resolve here (`direct` and `socks5` resolve targets locally), or
+    /// it has no address of the family a `direct` upstream binds to. Not the upstream's fault.
+    #[error("cannot resolve target host {host}: {error}")]
+    TargetDns { host: String, error: io::Error },
+    #[error("{addr} refused the connection")]
+    Refused { addr: String },
+    /// `connect_timeout` ran out before the stream was ready.
+    #[error("{addr}: no connection within {after:?}")]
+    Timeout { addr: String, after: Duration },
+    /// The peer closed or reset the connection before the tunnel was up.
+    #[error("{addr} closed the connection before the tunnel was up")]
+    Reset { addr: String },
+    /// The local address of a `direct` upstream cannot be bound (not configured on this host).
+    #[error("cannot bind to local address {ip}: {error}")]
+    Bind { ip: IpAddr, error: io::Error },
+    #[error("connecting to {addr}: {error}")]
+    Io { addr: String, error: io::Error },
+    /// TLS to an `https://` proxy failed (certificate, alert or protocol).
+    #[error("TLS handshake with {addr} failed: {error}")]
+    Tls { addr: String, error: rustls::Error },
+    /// The proxy answered CONNECT with 407: the configured credentials are missing or wrong.
+    #[error("{addr} rejected the proxy credentials (407)")]
+    ProxyAuth { addr: String },
+    /// The proxy answered CONNECT with another non-2xx status.
+    #[error("{addr} refused CONNECT with status {status}")]
+    ProxyRefused { addr: String, status: u16 },
+    #[error("{addr} sent a bad CONNECT reply: {fault}")]
+    BadReply { addr: String, fault: ReplyFault },
+    #[error("SOCKS5 proxy {addr}: {fault}")]
+    Socks { addr: String, fault: SocksFault },
+    /// The target cannot be put on the wire (control characters, overlong name, port 0): the
+    /// client's fault, caught before anything is sent.
+    #[error("cannot open a tunnel to {target:?}: {reason}")]
+    InvalidTarget {
+        target: String,
+        reason: &'static str,
+    },
+    /// Every address the target's name resolved to is denied by the target policy (`direct://`:
+    /// a name that points into an internal network). Nothing was dialed.
+    #[error("{target} resolves only to addresses this proxy may not reach")]
+    TargetDenied { target: String },
+    /// `proxy_conn` was called for an upstream that does not speak HTTP proxy.
+    #[error("{} upstreams do not take proxy requests", .scheme.as_str())]
+    NotHttpProxy { scheme: Scheme },
+}
+
+/// What was wrong with a proxy's reply to CONNECT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyFault {
+    #[error("reply header larger than {MAX_REPLY_HEAD} bytes")]
+    Oversized,
+    #[error("connection closed in the middle of the reply header")]
+    Incomplete,
+    #[error("{0}")]
+    Invalid(httparse::Error),
+}
+
+/// A SOCKS5 failure, as reported by the server or seen in its replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SocksFault {
+    #[error("username/password rejected")]
+    AuthRejected,
+    #[error("no acceptable authentication method")]
+    NoAcceptableAuth,
+    #[error("server requires authentication but no credentials are configured")]
+    AuthRequired,
+    /// Credentials that SOCKS5 cannot carry (empty or longer than 255 bytes).
+    #[error("configured credentials cannot be sent over SOCKS5 (each must be 1 to 255 bytes)")]
+    BadCredentials,
+    #[error("general server failure")]
+    GeneralFailure,
+    #[error("connection not allowed by ruleset")]
+    NotAllowed,
+    #[error("network unreachable")]
+    NetworkUnreachable,
+    #[error("host unreachable")]
+    HostUnreachable,
+    #[error("target refused the connection")]
+    ConnectionRefused,
+    #[error("TTL expired")]
+    TtlExpired,
+    #[error("command not supported")]
+    CommandNotSupported,
+    #[error("address type not supported")]
+    AddressTypeNotSupported,
+    /// The server's bytes do not follow the protocol.
+    #[error("protocol violation")]
+    Protocol,
+}
+
+impl ConnectError {
+    /// The outcome recorded for the upstream. Failures that are the target's or the client's
+    /// (`TargetDns`, `InvalidTarget`) map to `OriginError`, which moves no upstream's health.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ConnectError::Timeout { .. } => Outcome::Timeout,
+            ConnectError::Io { error, .. } if error.kind() == io::ErrorKind::TimedOut => {
+                Outcome::Timeout
+            }
+            ConnectError::Reset { .. }
+            | ConnectError::BadReply {
+                fault: ReplyFault::Incomplete,
+                ..
+            } => Outcome::Reset,
+            ConnectError::ProxyAuth { .. }
+            | ConnectError::ProxyRefused { .. }
+            | ConnectError::BadReply { .. }
+            | ConnectError::Socks { .. } => Outcome::UpstreamError,
+            ConnectError::TargetDns { .. }
+            | ConnectError::InvalidTarget { .. }
+            | ConnectError::TargetDenied { .. } => Outcome::OriginError,
+            ConnectError::ProxyDns { .. }
+            | ConnectError::Refused { .. }
+            | ConnectError::Bind { .. }
+            | ConnectError::Io { .. }
+            | ConnectError::Tls { .. }
+            | ConnectError::NotHttpProxy { .. } => Outcome::ConnectError,
+        }
+    }
+
+    /// RFC 9209 Proxy-Status error type, from the gateway's point of view (its next hop is the
+    /// upstream). Failures the upstream reports about the target are `destination_unavailable`.
+    pub fn proxy_status(&self) -> &'static str {
+        match self {
+            ConnectError::ProxyDns { .. } | ConnectError::TargetDns { .. } => "dns_error",
+            ConnectError::Refused { .. } => "connection_refused",
+            ConnectError::Timeout { .. } => "connection_timeout",
+            ConnectError::Reset { .. } => "connection_terminated",
+            ConnectError::Bind { .. } => "proxy_configuration_error",
+            ConnectError::Io { error, .. } if error.kind() == io::ErrorKind::TimedOut => {
+                "connection_timeout"
+            }
+            ConnectError::Io { .. } => "destination_unavailable",
+            ConnectError::Tls { error, .. } => match error {
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+                    "tls_certificate_error"
+                }
+                rustls::Error::AlertReceived(_) => "tls_alert_received",
+                _ => "tls_protocol_error",
+            },
+            ConnectError::ProxyAuth { .. } => "proxy_configuration_error",
+            ConnectError::ProxyRefused { .. } => "destination_unavailable",
+            ConnectError::BadReply { fault, .. } => match fault {
+                ReplyFault::Oversized => "http_response_header_section_size",
+                ReplyFault::Incomplete => "http_response_incomplete",
+                ReplyFault::Invalid(_) => "http_protocol_error",
+            },
+            ConnectError::Socks { fault, .. } => match fault {
+                SocksFault::AuthRejected
+                | SocksFault::NoAcceptableAuth
+                | SocksFault::AuthRequired
+                | SocksFault::BadCredentials
+                | SocksFault::CommandNotSupported
+                | SocksFault::AddressTypeNotSupported => "proxy_configuration_error",
+                SocksFault::GeneralFailure
+                | SocksFault::NotAllowed
+                | SocksFault::NetworkUnreachable
+                | SocksFault::HostUnreachable
+                | SocksFault::ConnectionRefused
+                | SocksFault::TtlExpired
+                | SocksFault::Protocol => "destination_unavailable",
+            },
+            ConnectError::InvalidTarget { .. } => "http_request_error",
+            ConnectError::TargetDenied { .. } => "destination_ip_prohibited",
+            ConnectError::NotHttpProxy { .. } => "proxy_internal_error",
+        }
+    }
+}
+
+/// Resolves target names for upstreams that need them resolved here (`direct://`, `socks5://`).
+/// Injectable, so that tests can map test names to loopback.
+pub trait Resolve: Send + Sync + 'static {
+    fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'static>>;
+}
+
+/// The system's resolver (`getaddrinfo` through tokio).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'static>> {
+        let host = host.to_string();
+        Box::pin(async move { resolve(&host, port).await })
+    }
+}
+
+/// Whether a resolved address may be dialed for a target: the target policy applied to what a
+/// name really points at, right before `direct://` dials it.
+pub type AddrGuard = Arc<dyn Fn(&Target, SocketAddr) -> bool + Send + Sync>;
+
+/// Opens streams through upstreams. Cheap to clone (clones share settings); holds no connections.
+#[derive(Clone)]
+pub struct Connector {
+    tls: TlsConnector,
+    /// Milliseconds; shared by clones and changed on reload.
+    connect_timeout_ms: Arc<AtomicU64>,
+    /// Resolves target names (`direct`, `socks5`).
+    resolver: Arc<dyn Resolve>,
+    /// Checked on every resolved address before `direct` dials it; `None` allows all.
+    guard: Option<AddrGuard>,
+}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connector")
+            .field("connect_timeout", &self.connect_timeout())
+            .field("guarded", &self.guard.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connector {
+    /// `tls` is used for https:// upstreams (TLS to the proxy itself). `connect_timeout` bounds
+    /// the whole open (DNS + TCP + TLS + CONNECT/SOCKS handshake).
+    pub fn new(tls: Arc<rustls::ClientConfig>, connect_timeout: Duration) -> Self {
+        Connector {
+            tls: TlsConnector::from(tls),
+            connect_timeout_ms: Arc::new(AtomicU64::new(connect_timeout.as_millis() as u64)),
+            resolver: Arc::new(SystemResolver),
+            guard: None,
+        }
+    }
+
+    /// Resolves target names with `resolver` instead of the system's.
+    pub fn with_resolver(mut self, resolver: Arc<dyn Resolve>) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    /// Checks every address a `direct` target resolved to with `guard` before dialing.
+    pub fn with_guard(mut self, guard: AddrGuard) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
+    /// The TLS settings used towards https:// proxies (the `upstream_tls` roots), for callers that
+    /// speak TLS to an origin through a tunnel, such as probes of https control targets.
+    pub fn tls(&self) -> &TlsConnector {
+        &self.tls
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Changes the connect timeout for opens started from now on (reload).
+    pub fn set_connect_timeout(&self, timeout: Duration) {
+        self.connect_timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Resolves a target: literals as they are, names through the resolver.
+    async fn resolve_target(&self, target: &Target) -> Result<Vec<SocketAddr>, ConnectError> {
+        if let Some(ip) = target.ip() {
+            return Ok(vec![SocketAddr::new(ip, target.port)]);
+        }
+        let addrs = self
+            .resolver
+            .resolve(&target.host, target.port)
+            .await
+            .map_err(|error| ConnectError::TargetDns {
+                host: target.host.clone(),
+                error,
+            })?;
+        if addrs.is_empty() {
+            return Err(target_dns(target, "no addresses"));
+        }
+        Ok(addrs)
+    }
+
+    /// A byte stream to `target` through `upstream`, ready for the client's bytes. Any bytes a
+    /// proxy sent right after its CONNECT reply are returned first.
+    pub async fn tunnel(
+        &self,
+        upstream: &Upstream,
+        target: &Target,
+    ) -> Result<BoxIo, ConnectError> {
+        check_target(target)?;
+        let open = async {
+            match upstream.scheme {
+                Scheme::Http | Scheme::Https => {
+                    let conn = self.open_proxy(upstream).await?;
+                    http_connect(conn, upstream, target).await
+                }
+                Scheme::Socks5 | Scheme::Socks5h => self.socks_connect(upstream, target).await,
+                Scheme::Direct => self.direct_connect(upstream, target).await,
+            }
+        };
+        let after = self.connect_timeout();
+        match tokio::time::timeout(after, open).await {
+            Ok(result) => result,
+            Err(_) => Err(ConnectError::Timeout {
+                addr: match upstream.scheme {
+                    Scheme::Direct => target.authority(),
+                    _ => upstream.addr.clone(),
+                },
+                after,
+            }),
+        }
+    }
+
+    /// A connection to the proxy itself (http/https upstreams only; TCP + TLS for https) over
+    /// which the caller sends absolute-form requests.
+    pub async fn proxy_conn(&self, upstream: &Upstream) -> Result<BoxIo, ConnectError> {
+        if !upstream.scheme.speaks_http_proxy() {
+            return Err(ConnectError::NotHttpProxy {
+                scheme: upstream.scheme,
+            });
+        }
+        let after = self.connect_timeout();
+        match tokio::time::timeout(after, self.open_proxy(upstream)).await {
+            Ok(result) => result,
+            Err(_) => Err(ConnectError::Timeout {
+                addr: upstream.addr.clone(),
+                after,
+            }),
+        }
+    }
+
+    /// TCP (+ TLS for https) to an HTTP proxy.
+    async fn open_proxy(&self, upstream: &Upstream) -> Result<BoxIo, ConnectError> {
+        let addr = upstream.addr.as_str();
+        let tcp = connect_proxy_tcp(upstream, addr).await?;
+        if upstream.scheme != Scheme::Https {
+            return Ok(Box::new(tcp));
+        }
+        // The host is stored without brackets, so IP literals parse as IP server names.
+        let name = ServerName::try_from(upstream.host.clone()).map_err(|_| ConnectError::Tls {
+            addr: addr.to_string(),
+            error: rustls::Error::General("proxy host is not a valid TLS server name".into()),
+        })?;
+        match self.tls.connect(name, tcp).await {
+            Ok(tls) => Ok(Box::new(tls)),
+            Err(error) => Err(tls_error(addr, error)),
+        }
+    }
+
+    /// SOCKS5 handshake on a TCP connection we opened ourselves, so the timeout and connect errors
+    /// stay ours. `socks5` resolves the target here and sends its first address (one handshake per
+    /// attempt, so no fallback); `socks5h` sends the name for the proxy to resolve.
+    async fn socks_connect(
+        &self,
+        upstream: &Upstream,
+        target: &Target,
+    ) -> Result<BoxIo, ConnectError> {
+        let addr = upstream.addr.as_str();
+        let dest = if upstream.scheme == Scheme::Socks5 {
+            let resolved = self.resolve_target(target).await?;
+            match resolved.first() {
+                Some(ip) => TargetAddr::Ip(*ip),
+                None => return Err(target_dns(target, "no addresses")),
+            }
+        } else {
+            match target.ip() {
+                Some(ip) => TargetAddr::Ip(SocketAddr::new(ip, target.port)),
+                None => TargetAddr::Domain(target.host.as_str().into(), target.port),
+            }
+        };
+        let tcp = connect_proxy_tcp(upstream, addr).await?;
+        let stream = match &upstream.credentials {
+            Some(c) => {
+                Socks5Stream::connect_with_password_and_socket(tcp, dest, &c.username, &c.password)
+                    .await
+            }
+            None => Socks5Stream::connect_with_socket(tcp, dest).await,
+        };
+        match stream {
+            // The reply is read exactly, so nothing of the tunnel is buffered in the wrapper.
+            Ok(stream) => Ok(Box::new(stream.into_inner())),
+            Err(e) => Err(socks_error(addr, target, e)),
+        }
+    }
+
+    /// Straight to the target, on addresses the guard allows,, from `upstream.bind` when set, trying each address in turn.
+    async fn direct_connect(
+        &self,
+        upstream: &Upstream,
+        target: &Target,
+    ) -> Result<BoxIo, ConnectError> {
+        let resolved = self.resolve_target(target).await?;
+        // The target policy again, on what the name really points at: no DNS-rebinding way in.
+        let addrs: Vec<SocketAddr> = match &self.guard {
+            Some(guard) => resolved.into_iter().filter(|a| guard(target, *a)).collect(),
+            None => resolved,
+        };
+        if addrs.is_empty() {
+            return Err(ConnectError::TargetDenied {
+                target: target.authority(),
+            });
+        }
+        let addrs: Vec<SocketAddr> = match upstream.bind {
+            // A socket bound to one family cannot reach the other.
+            Some(bind) => addrs
+                .into_iter()
+                .filter(|a| a.is_ipv4() == bind.is_ipv4())
+                .collect(),
+            None => addrs,
+        };
+        if addrs.is_empty() {
+            return Err(target_dns(
+                target,
+                "no address of the bind address's family",
+            ));
+        }
+        let tcp = connect_any(&addrs, upstream.bind, &target.authority()).await?;
+        Ok(Box::new(tcp))
+    }
+}
+
+/// Sends CONNECT over an open proxy connection and waits for a 2xx.
+async fn http_connect(
+    mut conn: BoxIo,
+    upstream: &Upstream,
+    target: &Target,
+) -> Result<BoxIo, ConnectError> {
+    let addr = upstream.addr.as_str();
+    let authority = target.authority();
+    let mut request = [
+        "CONNECT ",
+        &authority,
+        " HTTP/1.1\r\nHost: ",
+        &authority,
+        "\r\n",
+    ]
+    .concat();
+    if let Some(credentials) = &upstream.credentials {
+        request.push_str("Proxy-Authorization: ");
+        request.push_str(&credentials.basic_header());
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    conn.write_all(request.as_bytes())
+        .await
+        .map_err(|e| io_error(addr, e))?;
+    conn.flush().await.map_err(|e| io_error(addr, e))?;
+
+    let early = read_connect_reply(&mut conn, addr).await?;
+    if early.is_empty() {
+        Ok(conn)
+    } else {
+        Ok(Box::new(Rewind::new(early, conn)))
+    }
+}
+
+/// Reads the proxy's reply header; on 2xx returns the bytes that came after it, which already
+/// belong to the tunnel (a server-speaks-first protocol may arrive in the same segment).
+///
+/// The buffer starts small and is never zeroed: a reply head is a few hundred bytes, and this
+/// runs once per tunnel.
+async fn read_connect_reply(conn: &mut BoxIo, addr: &str) -> Result<Bytes, ConnectError> {
+    let mut buf = BytesMut::with_capacity(REPLY_HEAD_START);
+    loop {
+        if buf.len() == buf.capacity() {
+            buf.reserve(buf.capacity().min(MAX_REPLY_HEAD - buf.len()));
+        }
+        let room = MAX_REPLY_HEAD - buf.len();
+        let n = (&mut *conn)
+            .take(room as u64)
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| io_error(addr, e))?;
+        let filled = buf.len();
+        if n == 0 {
+            return Err(if filled == 0 {
+                ConnectError::Reset { addr: addr.into() }
+            } else {
+                bad_reply(addr, ReplyFault::Incomplete)
+            });
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_REPLY_HEADERS];
+        let mut reply = httparse::Response::new(&mut headers);
+        match reply.parse(&buf[..filled]) {
+            Ok(httparse::Status::Complete(head_len)) => {
+                return match reply.code.unwrap_or(0) {
+                    200..=299 => Ok(Bytes::copy_from_slice(&buf[head_len..])),
+                    407 => Err(ConnectError::ProxyAuth { addr: addr.into() }),
+                    status => Err(ConnectError::ProxyRefused {
+                        addr: addr.into(),
+                        status,
+                    }),
+                };
+            }
+            Ok(httparse::Status::Partial) if filled == MAX_REPLY_HEAD => {
+                return Err(bad_reply(addr, ReplyFault::Oversized));
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(bad_reply(addr, ReplyFault::Oversized));
+            }
+            Err(e) => return Err(bad_reply(addr, ReplyFault::Invalid(e))),
+        }
+    }
+}
+
+/// Resolves and connects to the proxy of `upstream`.
+async fn connect_proxy_tcp(upstream: &Upstream, addr: &str) -> Result<TcpStream, ConnectError> {
+    let addrs = resolve(&upstream.host, upstream.port)
+        .await
+        .map_err(|error| ConnectError::ProxyDns {
+            host: upstream.host.clone(),
+            error,
+        })?;
+    connect_any(&addrs, None, addr).await
+}
+
+async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
+    if addrs.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::NotFound, "no addresses"));
+    }
+    Ok(addrs)
+}
+
+/// Tries each address in order; the last failure is reported (they usually agree).
+async fn connect_any(
+    addrs: &[SocketAddr],
+    bind: Option<IpAddr>,
+    peer: &str,
+) -> Result<TcpStream, ConnectError> {
+    let mut last = None;
+    for &addr in addrs {
+        match connect_one(addr, bind, peer).await {
+            Ok(stream) => return Ok(stream),
+            // A bind failure will not get better with the next address.
+            Err(e @ ConnectError::Bind { .. }) => return Err(e),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| ConnectError::Io {
+        addr: peer.into(),
+        error: io::Error::new(io::ErrorKind::NotFound, "no addresses"),
+    }))
+}
+
+async fn connect_one(
+    addr: SocketAddr,
+    bind: Option<IpAddr>,
+    peer: &str,
+) -> Result<TcpStream, ConnectError> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|e| io_error(peer, e))?;
+    if let Some(ip) = bind {
+        socket
+            .bind(SocketAddr::new(ip, 0))
+            .map_err(|error| ConnectError::Bind { ip, error })?;
+    }
+    let stream = socket.connect(addr).await.map_err(|e| io_error(peer, e))?;
+    // Handshakes and interactive tunnels are many small writes; Nagle would add round trips.
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    Ok(stream)
+}
+
+/// Rejects targets that would corrupt a CONNECT request line or a SOCKS request.
+fn check_target(target: &Target) -> Result<(), ConnectError> {
+    let reason = if target.host.is_empty() {
+        "empty host"
+    } else if target.port == 0 {
+        "port 0"
+    } else if target.host.bytes().any(|b| {
+        b <= b' ' || b == 0x7f || matches!(b, b'/' | b'\\' | b'?' | b'#' | b'@' | b'[' | b']')
+    }) {
+        "host contains characters not allowed in a host name"
+    } else {
+        return Ok(());
+    };
+    Err(ConnectError::InvalidTarget {
+        target: target.authority(),
+        reason,
+    })
+}
+
+fn target_dns(target: &Target, why: &'static str) -> ConnectError {
+    ConnectError::TargetDns {
+        host: target.host.clone(),
+        error: io::Error::new(io::ErrorKind::NotFound, why),
+    }
+}
+
+fn bad_reply(addr: &str, fault: ReplyFault) -> ConnectError {
+    ConnectError::BadReply {
+        addr: addr.into(),
+        fault,
+    }
+}
+
+fn io_error(addr: &str, error: io::Error) -> ConnectError {
+    let addr = addr.to_string();
+    match error.kind() {
+        io::ErrorKind::ConnectionRefused => ConnectError::Refused { addr },
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::UnexpectedEof => ConnectError::Reset { addr },
+        _ => ConnectError::Io { addr, error },
+    }
+}
+
+/// tokio-rustls reports TLS failures as `io::Error`s wrapping a `rustls::Error`; anything else
+/// is a transport failure during the handshake.
+fn tls_error(addr: &str, error: io::Error) -> ConnectError {
+    let tls = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .cloned();
+    match tls {
+        Some(error) => ConnectError::Tls {
+            addr: addr.into(),
+            error,
+        },
+        None => io_error(addr, error),
+    }
+}
+
+fn socks_error(addr: &str, target: &Target, error: tokio_socks::Error) -> ConnectError {
+    use tokio_socks::Error as E;
+    let fault = match error {
+        E::Io(error) => return io_error(addr, error),
+        E::InvalidTargetAddress(reason) => {
+            return ConnectError::InvalidTarget {
+                target: target.authority(),
+                reason,
+            };
+        }
+        E::PasswordAuthFailure(_) => SocksFault::AuthRejected,
+        E::NoAcceptableAuthMethods => SocksFault::NoAcceptableAuth,
+        E::AuthorizationRequired => SocksFault::AuthRequired,
+        // Its message is static and names no credential, but ours says what to fix.
+        E::InvalidAuthValues(_) => SocksFault::BadCredentials,
+        E::GeneralSocksServerFailure => SocksFault::GeneralFailure,
+        E::ConnectionNotAllowedByRuleset => SocksFault::NotAllowed,
+        E::NetworkUnreachable => SocksFault::NetworkUnreachable,
+        E::HostUnreachable => SocksFault::HostUnreachable,
+        E::ConnectionRefused => SocksFault::ConnectionRefused,
+        E::TtlExpired => SocksFault::TtlExpired,
+        E::CommandNotSupported => SocksFault::CommandNotSupported,
+        E::AddressTypeNotSupported => SocksFault::AddressTypeNotSupported,
+        // Bad versions, reserved bytes, address types, unknown reply codes (which tokio-socks
+        // reports as UnknownAuthMethod) and anything added later.
+        _ => SocksFault::Protocol,
+    };
+    ConnectError::Socks {
+        addr: addr.into(),
+        fault,
+    }
+}
+
+/// A stream that yields `prefix` before reading from `inner`: bytes read past a CONNECT reply
+/// belong to the tunnel and must not be lost.
+pub struct Rewind<S> {
+    prefix: Bytes,
+    inner: S,
+}
+
+impl<S> Rewind<S> {
+    pub fn new(prefix: Bytes, inner: S) -> Self {
+        Rewind { prefix, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.prefix.has_remaining() {
+            let n = this.prefix.len().min(buf.remaining());
+            buf.put_slice(&this.prefix[..n]);
+            this.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests;
