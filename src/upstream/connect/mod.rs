@@ -785,4 +785,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
 }
 
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;

@@ -1,17 +1,13 @@
-use std::future::Future;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use rustls::RootCertStore;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 
+use super::test_support::*;
 use super::*;
 use crate::upstream::Credentials;
-
-const USER: &str = "alice";
-const PASSWORD: &str = "pa55-w0rd-xyz";
 
 /// The reply head read from `chunks` written one by one, as a proxy trickling it out would.
 async fn reply_from(chunks: Vec<Vec<u8>>) -> Result<Bytes, ConnectError> {
@@ -61,95 +57,8 @@ async fn a_connect_reply_head_past_the_cap_is_refused_as_oversized() {
     assert!(!err.to_string().contains("larger than"), "{err}");
 }
 
-/// Every test body runs under this bound so a stuck fake fails the test instead of hanging.
-async fn bounded<F: Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(10), f)
-        .await
-        .expect("test timed out")
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn client_config(roots: RootCertStore) -> Arc<rustls::ClientConfig> {
-    Arc::new(
-        rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    )
-}
-
-fn connector() -> Connector {
-    Connector::new(
-        client_config(RootCertStore::empty()),
-        Duration::from_secs(5),
-    )
-}
-
-fn upstream(url: &str) -> Upstream {
-    Upstream::parse(url).unwrap()
-}
-
-fn with_password(url: &str, password: &str) -> Upstream {
-    let mut u = upstream(url);
-    u.credentials = Some(Credentials {
-        username: USER.into(),
-        password: password.into(),
-    });
-    u
-}
-
-/// Neither the password nor the Basic token built from it may leak into an error.
-fn assert_no_secret(err: &ConnectError) {
-    let token = Credentials {
-        username: USER.into(),
-        password: PASSWORD.into(),
-    }
-    .basic_header();
-    let token = token.trim_start_matches("Basic ");
-    for text in [err.to_string(), format!("{err:?}")] {
-        assert!(!text.contains(PASSWORD), "{text}");
-        assert!(!text.contains(token), "{text}");
-    }
-}
-
 fn is_loopback_host(host: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-async fn echo<S: AsyncRead + AsyncWrite + Unpin>(stream: S) {
-    let (mut r, mut w) = tokio::io::split(stream);
-    let _ = tokio::io::copy(&mut r, &mut w).await;
-}
-
-async fn listener() -> (TcpListener, u16) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    (l, port)
-}
-
-/// An echo server standing in for the target; reports each client's address.
-async fn echo_target() -> (u16, mpsc::UnboundedReceiver<SocketAddr>) {
-    let (l, port) = listener().await;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((s, peer)) = l.accept().await {
-            let _ = tx.send(peer);
-            tokio::spawn(echo(s));
-        }
-    });
-    (port, rx)
-}
-
-/// Writes `ping`, expects it back.
-async fn assert_echoes(io: &mut BoxIo) {
-    io.write_all(b"ping").await.unwrap();
-    let mut back = [0u8; 4];
-    io.read_exact(&mut back).await.unwrap();
-    assert_eq!(&back, b"ping");
 }
 
 #[derive(Clone, Copy)]
@@ -400,16 +309,6 @@ fn tls_pair() -> (TlsAcceptor, Arc<rustls::ClientConfig>) {
     let mut roots = RootCertStore::empty();
     roots.add(cert).unwrap();
     (TlsAcceptor::from(Arc::new(server)), client_config(roots))
-}
-
-async fn err_of(result: Result<BoxIo, ConnectError>) -> ConnectError {
-    match result {
-        Ok(_) => panic!("expected an error"),
-        Err(e) => {
-            assert_no_secret(&e);
-            e
-        }
-    }
 }
 
 #[tokio::test]
