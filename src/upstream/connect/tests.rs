@@ -7,6 +7,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::test_support::*;
 use super::*;
+use crate::health::Outcome;
 use crate::upstream::Credentials;
 
 /// The reply head read from `chunks` written one by one, as a proxy trickling it out would.
