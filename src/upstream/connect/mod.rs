@@ -9,7 +9,7 @@ use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_socks::TargetAddr;
 use tokio_socks::tcp::Socks5Stream;
@@ -28,10 +28,12 @@ use crate::target::Target;
 
 mod error;
 mod rewind;
+mod tcp;
 
 pub use error::{ConnectError, ReplyFault, SocksFault};
 use error::{io_error, target_dns};
 pub use rewind::Rewind;
+use tcp::{connect_any, connect_proxy_tcp};
 
 /// Any byte stream to an upstream or through it.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -82,7 +84,7 @@ impl Resolve for SystemResolver {
         port: u16,
     ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'static>> {
         let host = host.to_string();
-        Box::pin(async move { resolve(&host, port).await })
+        Box::pin(async move { tcp::resolve(&host, port).await })
     }
 }
 
@@ -392,70 +394,6 @@ async fn read_connect_reply(conn: &mut BoxIo, addr: &str) -> Result<Bytes, Conne
             Err(e) => return Err(bad_reply(addr, ReplyFault::Invalid(e))),
         }
     }
-}
-
-/// Resolves and connects to the proxy of `upstream`.
-async fn connect_proxy_tcp(upstream: &Upstream, addr: &str) -> Result<TcpStream, ConnectError> {
-    let addrs = resolve(&upstream.host, upstream.port)
-        .await
-        .map_err(|error| ConnectError::ProxyDns {
-            host: upstream.host.clone(),
-            error,
-        })?;
-    connect_any(&addrs, None, addr).await
-}
-
-async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
-    if addrs.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::NotFound, "no addresses"));
-    }
-    Ok(addrs)
-}
-
-/// Tries each address in order; the last failure is reported (they usually agree).
-async fn connect_any(
-    addrs: &[SocketAddr],
-    bind: Option<IpAddr>,
-    peer: &str,
-) -> Result<TcpStream, ConnectError> {
-    let mut last = None;
-    for &addr in addrs {
-        match connect_one(addr, bind, peer).await {
-            Ok(stream) => return Ok(stream),
-            // A bind failure will not get better with the next address.
-            Err(e @ ConnectError::Bind { .. }) => return Err(e),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| ConnectError::Io {
-        addr: peer.into(),
-        error: io::Error::new(io::ErrorKind::NotFound, "no addresses"),
-    }))
-}
-
-async fn connect_one(
-    addr: SocketAddr,
-    bind: Option<IpAddr>,
-    peer: &str,
-) -> Result<TcpStream, ConnectError> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()
-    } else {
-        TcpSocket::new_v6()
-    }
-    .map_err(|e| io_error(peer, e))?;
-    if let Some(ip) = bind {
-        socket
-            .bind(SocketAddr::new(ip, 0))
-            .map_err(|error| ConnectError::Bind { ip, error })?;
-    }
-    let stream = socket.connect(addr).await.map_err(|e| io_error(peer, e))?;
-    // Handshakes and interactive tunnels are many small writes; Nagle would add round trips.
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(peer, error = %e, "cannot set TCP_NODELAY");
-    }
-    Ok(stream)
 }
 
 /// Rejects targets that would corrupt a CONNECT request line or a SOCKS request.
