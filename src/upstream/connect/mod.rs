@@ -26,6 +26,7 @@ use tokio_socks::tcp::Socks5Stream;
 use super::{Scheme, Upstream};
 use crate::target::Target;
 
+mod direct;
 mod error;
 mod rewind;
 mod tcp;
@@ -33,7 +34,7 @@ mod tcp;
 pub use error::{ConnectError, ReplyFault, SocksFault};
 use error::{io_error, target_dns};
 pub use rewind::Rewind;
-use tcp::{connect_any, connect_proxy_tcp};
+use tcp::connect_proxy_tcp;
 
 /// Any byte stream to an upstream or through it.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -172,6 +173,22 @@ impl Connector {
         Ok(addrs)
     }
 
+    /// The addresses of `target` that may be dialed: the target policy again, on what the name
+    /// really points at, so a name cannot rebind its way into an internal network.
+    async fn guarded_addrs(&self, target: &Target) -> Result<Vec<SocketAddr>, ConnectError> {
+        let resolved = self.resolve_target(target).await?;
+        let addrs: Vec<SocketAddr> = match &self.guard {
+            Some(guard) => resolved.into_iter().filter(|a| guard(target, *a)).collect(),
+            None => resolved,
+        };
+        if addrs.is_empty() {
+            return Err(ConnectError::TargetDenied {
+                target: target.authority(),
+            });
+        }
+        Ok(addrs)
+    }
+
     /// A byte stream to `target` through `upstream`, ready for the client's bytes. Any bytes a
     /// proxy sent right after its CONNECT reply are returned first.
     pub async fn tunnel(
@@ -187,7 +204,7 @@ impl Connector {
                     http_connect(conn, upstream, target).await
                 }
                 Scheme::Socks5 | Scheme::Socks5h => self.socks_connect(upstream, target).await,
-                Scheme::Direct => self.direct_connect(upstream, target).await,
+                Scheme::Direct => direct::tunnel(self, upstream, target).await,
             }
         };
         let after = self.connect_timeout();
@@ -273,41 +290,6 @@ impl Connector {
             Ok(stream) => Ok(Box::new(stream.into_inner())),
             Err(e) => Err(socks_error(addr, target, e)),
         }
-    }
-
-    /// Straight to the target, on addresses the guard allows,, from `upstream.bind` when set, trying each address in turn.
-    async fn direct_connect(
-        &self,
-        upstream: &Upstream,
-        target: &Target,
-    ) -> Result<BoxIo, ConnectError> {
-        let resolved = self.resolve_target(target).await?;
-        // The target policy again, on what the name really points at: no DNS-rebinding way in.
-        let addrs: Vec<SocketAddr> = match &self.guard {
-            Some(guard) => resolved.into_iter().filter(|a| guard(target, *a)).collect(),
-            None => resolved,
-        };
-        if addrs.is_empty() {
-            return Err(ConnectError::TargetDenied {
-                target: target.authority(),
-            });
-        }
-        let addrs: Vec<SocketAddr> = match upstream.bind {
-            // A socket bound to one family cannot reach the other.
-            Some(bind) => addrs
-                .into_iter()
-                .filter(|a| a.is_ipv4() == bind.is_ipv4())
-                .collect(),
-            None => addrs,
-        };
-        if addrs.is_empty() {
-            return Err(target_dns(
-                target,
-                "no address of the bind address's family",
-            ));
-        }
-        let tcp = connect_any(&addrs, upstream.bind, &target.authority()).await?;
-        Ok(Box::new(tcp))
     }
 }
 
