@@ -6,7 +6,7 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::MAX_REPLY_HEAD;
+use super::http::MAX_REPLY_HEAD;
 use crate::health::Outcome;
 use crate::target::Target;
 use crate::upstream::Scheme;

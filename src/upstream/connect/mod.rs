@@ -4,6 +4,12 @@
 //! Everything up to the first tunnel byte (DNS, TCP, TLS, CONNECT or SOCKS) runs under one
 //! `connect_timeout`, so a proxy that accepts and then stalls costs no more than one that refuses.
 //! Errors name hosts and ports only: credentials are never formatted into them.
+//!
+//! Each upstream kind has a module of its own (`http` for http:// and https://, `socks5`, `direct`)
+//! with one `tunnel(&Connector, &Upstream, &Target)` function. They are dispatched by matching the
+//! closed [`Scheme`] enum rather than through a trait object, so each kind's future is laid out
+//! inside the one [`Connector::tunnel`] awaits: no allocation per open beyond the returned
+//! [`BoxIo`]. Dialing is shared (`tcp`), and so are the errors (`error`).
 
 use std::any::Any;
 use std::fmt;
@@ -15,9 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -26,14 +30,14 @@ use crate::target::Target;
 
 mod direct;
 mod error;
+mod http;
 mod rewind;
 mod socks5;
 mod tcp;
 
+use error::target_dns;
 pub use error::{ConnectError, ReplyFault, SocksFault};
-use error::{io_error, target_dns};
 pub use rewind::Rewind;
-use tcp::connect_proxy_tcp;
 
 /// Any byte stream to an upstream or through it.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -54,14 +58,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {
     }
 }
 pub type BoxIo = Box<dyn Io>;
-
-/// Cap on a proxy's CONNECT reply header: a proxy that sends more is broken or hostile, and
-/// buffering it without bound would let one upstream exhaust the gateway's memory.
-const MAX_REPLY_HEAD: usize = 16 * 1024;
-/// What the reply head is first read into.
-const REPLY_HEAD_START: usize = 1024;
-/// Header slots for parsing a CONNECT reply; real proxies send a handful.
-const MAX_REPLY_HEADERS: usize = 64;
 
 /// Resolves target names for upstreams that need them resolved here (`direct://`, `socks5://`).
 /// Injectable, so that tests can map test names to loopback.
@@ -198,10 +194,7 @@ impl Connector {
         check_target(target)?;
         let open = async {
             match upstream.scheme {
-                Scheme::Http | Scheme::Https => {
-                    let conn = self.open_proxy(upstream).await?;
-                    http_connect(conn, upstream, target).await
-                }
+                Scheme::Http | Scheme::Https => http::tunnel(self, upstream, target).await,
                 Scheme::Socks5 | Scheme::Socks5h => socks5::tunnel(self, upstream, target).await,
                 Scheme::Direct => direct::tunnel(self, upstream, target).await,
             }
@@ -228,115 +221,12 @@ impl Connector {
             });
         }
         let after = self.connect_timeout();
-        match tokio::time::timeout(after, self.open_proxy(upstream)).await {
+        match tokio::time::timeout(after, http::open(self, upstream)).await {
             Ok(result) => result,
             Err(_) => Err(ConnectError::Timeout {
                 addr: upstream.addr.clone(),
                 after,
             }),
-        }
-    }
-
-    /// TCP (+ TLS for https) to an HTTP proxy.
-    async fn open_proxy(&self, upstream: &Upstream) -> Result<BoxIo, ConnectError> {
-        let addr = upstream.addr.as_str();
-        let tcp = connect_proxy_tcp(upstream, addr).await?;
-        if upstream.scheme != Scheme::Https {
-            return Ok(Box::new(tcp));
-        }
-        // The host is stored without brackets, so IP literals parse as IP server names.
-        let name = ServerName::try_from(upstream.host.clone()).map_err(|_| ConnectError::Tls {
-            addr: addr.to_string(),
-            error: rustls::Error::General("proxy host is not a valid TLS server name".into()),
-        })?;
-        match self.tls.connect(name, tcp).await {
-            Ok(tls) => Ok(Box::new(tls)),
-            Err(error) => Err(tls_error(addr, error)),
-        }
-    }
-}
-
-/// Sends CONNECT over an open proxy connection and waits for a 2xx.
-async fn http_connect(
-    mut conn: BoxIo,
-    upstream: &Upstream,
-    target: &Target,
-) -> Result<BoxIo, ConnectError> {
-    let addr = upstream.addr.as_str();
-    let authority = target.authority();
-    let mut request = [
-        "CONNECT ",
-        &authority,
-        " HTTP/1.1\r\nHost: ",
-        &authority,
-        "\r\n",
-    ]
-    .concat();
-    if let Some(credentials) = &upstream.credentials {
-        request.push_str("Proxy-Authorization: ");
-        request.push_str(&credentials.basic_header());
-        request.push_str("\r\n");
-    }
-    request.push_str("\r\n");
-    conn.write_all(request.as_bytes())
-        .await
-        .map_err(|e| io_error(addr, e))?;
-    conn.flush().await.map_err(|e| io_error(addr, e))?;
-
-    let early = read_connect_reply(&mut conn, addr).await?;
-    if early.is_empty() {
-        Ok(conn)
-    } else {
-        Ok(Box::new(Rewind::new(early, conn)))
-    }
-}
-
-/// Reads the proxy's reply header; on 2xx returns the bytes that came after it, which already
-/// belong to the tunnel (a server-speaks-first protocol may arrive in the same segment).
-///
-/// The buffer starts small and is never zeroed: a reply head is a few hundred bytes, and this
-/// runs once per tunnel.
-async fn read_connect_reply(conn: &mut BoxIo, addr: &str) -> Result<Bytes, ConnectError> {
-    let mut buf = BytesMut::with_capacity(REPLY_HEAD_START);
-    loop {
-        if buf.len() == buf.capacity() {
-            buf.reserve(buf.capacity().min(MAX_REPLY_HEAD - buf.len()));
-        }
-        let room = MAX_REPLY_HEAD - buf.len();
-        let n = (&mut *conn)
-            .take(room as u64)
-            .read_buf(&mut buf)
-            .await
-            .map_err(|e| io_error(addr, e))?;
-        let filled = buf.len();
-        if n == 0 {
-            return Err(if filled == 0 {
-                ConnectError::Reset { addr: addr.into() }
-            } else {
-                bad_reply(addr, ReplyFault::Incomplete)
-            });
-        }
-        let mut headers = [httparse::EMPTY_HEADER; MAX_REPLY_HEADERS];
-        let mut reply = httparse::Response::new(&mut headers);
-        match reply.parse(&buf[..filled]) {
-            Ok(httparse::Status::Complete(head_len)) => {
-                return match reply.code.unwrap_or(0) {
-                    200..=299 => Ok(Bytes::copy_from_slice(&buf[head_len..])),
-                    407 => Err(ConnectError::ProxyAuth { addr: addr.into() }),
-                    status => Err(ConnectError::ProxyRefused {
-                        addr: addr.into(),
-                        status,
-                    }),
-                };
-            }
-            Ok(httparse::Status::Partial) if filled == MAX_REPLY_HEAD => {
-                return Err(bad_reply(addr, ReplyFault::Oversized));
-            }
-            Ok(httparse::Status::Partial) => {}
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(bad_reply(addr, ReplyFault::Oversized));
-            }
-            Err(e) => return Err(bad_reply(addr, ReplyFault::Invalid(e))),
         }
     }
 }
@@ -358,29 +248,6 @@ fn check_target(target: &Target) -> Result<(), ConnectError> {
         target: target.authority(),
         reason,
     })
-}
-
-fn bad_reply(addr: &str, fault: ReplyFault) -> ConnectError {
-    ConnectError::BadReply {
-        addr: addr.into(),
-        fault,
-    }
-}
-
-/// tokio-rustls reports TLS failures as `io::Error`s wrapping a `rustls::Error`; anything else
-/// is a transport failure during the handshake.
-fn tls_error(addr: &str, error: io::Error) -> ConnectError {
-    let tls = error
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .cloned();
-    match tls {
-        Some(error) => ConnectError::Tls {
-            addr: addr.into(),
-            error,
-        },
-        None => io_error(addr, error),
-    }
 }
 
 #[cfg(test)]
