@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use super::http::MAX_REPLY_HEAD;
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::target::Target;
 use crate::upstream::Scheme;
 

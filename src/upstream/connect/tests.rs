@@ -1,4 +1,4 @@
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::target::Target;
 
 use super::test_support::*;

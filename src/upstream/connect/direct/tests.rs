@@ -1,6 +1,6 @@
 use std::net::IpAddr;
 
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::target::Target;
 use crate::upstream::connect::ConnectError;
 use crate::upstream::connect::test_support::{

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 
 use super::{MAX_REPLY_HEAD, REPLY_HEAD_START, read_connect_reply};
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::target::Target;
 use crate::upstream::connect::test_support::*;
 use crate::upstream::connect::{BoxIo, ConnectError, Connector, ReplyFault};

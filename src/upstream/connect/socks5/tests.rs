@@ -5,7 +5,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::target::Target;
 use crate::upstream::Credentials;
 use crate::upstream::connect::test_support::*;
