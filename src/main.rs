@@ -13,7 +13,7 @@ const EXIT_BAD_CONFIG: u8 = 64;
 /// mimalloc instead of glibc's malloc: glibc's aligned allocations (every tokio task) and its
 /// consolidation of freed tunnel buffers took a fifth of a CONNECT setup's instructions. With
 /// mimalloc a setup costs 13% fewer, and about 15% less user CPU; peak RSS under load is about
-/// 10 MiB higher (README, Performance).
+/// 10 MiB higher (docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

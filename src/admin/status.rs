@@ -1,4 +1,4 @@
-//! The `/status` document. Field names are a public contract (README "Status"): snake_case, units
+//! The `/status` document. Field names are a public contract (docs/operations.md, "/status"): snake_case, units
 //! in the names, never an upstream credential.
 
 use serde::Serialize;
@@ -18,7 +18,7 @@ pub struct Status {
     /// Requests, tunnels, connections and config generation (see `crate::accounting`).
     #[serde(flatten)]
     pub traffic: crate::admin::traffic::TrafficView,
-    /// TLS interception counters (README "Admin endpoint").
+    /// TLS interception counters (docs/operations.md, "Admin endpoint").
     pub intercept: crate::intercept::InterceptStatus,
 }
 
