@@ -30,8 +30,12 @@ mod conn;
 mod events;
 mod held;
 mod keys;
+mod locks;
+mod members;
 mod scripts;
+mod sessions;
 mod stats;
+mod status;
 mod stock;
 
 pub use crate::store_url::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT_MS, Target, parse_target, redact};
@@ -57,7 +61,7 @@ use crate::health::Outcome;
 use crate::upstream::UpstreamId;
 use batch::Batcher;
 use conn::{Backlog, Deferred, Remote, client_name};
-use keys::{PoolKeys, lock_key};
+use keys::PoolKeys;
 use scripts::{AcquireReply, Call};
 
 /// Bound on declaring a pool, which writes every member once (large pools take longer).
@@ -74,10 +78,6 @@ const FALLBACK_LEASE: u64 = 1 << 63;
 const UNLISTED_LEASE: u64 = 1 << 62;
 /// Member changes buffered per subscriber before the slowest one misses some.
 const MEMBER_CHANGES_CAPACITY: usize = 1024;
-/// Within this long after a pool's state was restored, another "unconfigured" answer is not
-/// restored again (concurrent requests all notice the same loss).
-const RESTORE_DEBOUNCE: Duration = Duration::from_secs(1);
-
 /// How to reach Redis and how to name things there.
 #[derive(Clone, Debug)]
 pub struct RedisSettings {
@@ -196,6 +196,26 @@ impl PoolLocal {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_waiters();
     }
+
+    /// A pool's local state, nothing sent yet.
+    fn new(prefix: &str, spec: &PoolSpec, calls: &TaskTracker) -> PoolLocal {
+        PoolLocal {
+            keys: PoolKeys::new(prefix, &spec.name),
+            spec: ArcSwap::from_pointee(spec.clone()),
+            notify: Arc::new(Notify::new()),
+            applied: Mutex::default(),
+            restoring: tokio::sync::Mutex::new(None),
+            wake_at: Mutex::new(None),
+            epoch: AtomicU64::new(0),
+            full: AtomicBool::new(false),
+            probe: tokio::sync::Mutex::new(None),
+            acquires: Arc::new(Batcher::new(ACQUIRE_BATCH, ACQUIRE_CALLS, calls.clone())),
+            releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, calls.clone())),
+            stats: Mutex::default(),
+            held: Mutex::default(),
+            stock: Mutex::default(),
+        }
+    }
 }
 
 struct Inner {
@@ -312,28 +332,6 @@ fn millis(d: Duration) -> u64 {
 /// record of a pool without a cap unless it allocates by least-connections.
 fn takes_unlisted_leases(spec: &PoolSpec) -> bool {
     spec.max_concurrency.is_none() && spec.strategy != Strategy::LeastConnections
-}
-
-/// A member setting as `set_member.lua` ranks it: 0 in service, 1 quarantined, 2 dead.
-fn service_level(s: MemberState) -> u8 {
-    match (s.eligible, s.keeps_sessions) {
-        (true, _) => 0,
-        (false, true) => 1,
-        (false, false) => 2,
-    }
-}
-
-/// The setting in a member's `state` field (`e|k|c|s|r`, see `acquire.lua`).
-fn member_setting(field: &str) -> Option<MemberState> {
-    let mut f = field.split('|');
-    let eligible = f.next()? == "1";
-    let keeps_sessions = f.next()? == "1";
-    let cost = f.next()?.parse().ok()?;
-    Some(MemberState {
-        eligible,
-        keeps_sessions,
-        cost,
-    })
 }
 
 /// What waits for an acquire call: a request's lease, or a refill of the stock.
@@ -627,78 +625,6 @@ impl Inner {
         }
     }
 
-    /// Declares the pool in Redis; true when Redis had no state for it (new, or lost).
-    async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
-        let spec = p.spec.load();
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::CONFIGURE, 6);
-        inv.key(&k.meta)
-            .key(&k.state)
-            .key(&k.members)
-            .key(&k.order)
-            .key(&k.leases)
-            .key(&k.lease_up);
-        for id in &spec.members {
-            inv.arg(id.as_str());
-        }
-        let fresh: i64 = self.eval(&inv, CONFIGURE_TIMEOUT).await?;
-        Ok(fresh == 1)
-    }
-
-    /// Re-applies every member setting this instance made; returns how many.
-    async fn reapply_all(&self, p: &PoolLocal) -> Result<usize, Fault> {
-        let applied: Vec<(UpstreamId, MemberState)> = locked(&p.applied)
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        for (upstream, state) in &applied {
-            self.set_member_remote(p, upstream, *state, None).await?;
-        }
-        Ok(applied.len())
-    }
-
-    /// After Redis answered "unconfigured" (it lost its data): declares the pool again and
-    /// re-applies this instance's member settings, once for a burst of requests noticing it.
-    async fn restore_pool(&self, p: &PoolLocal) -> Result<(), Fault> {
-        let mut last = p.restoring.lock().await;
-        if last.is_some_and(|t| t.elapsed() < RESTORE_DEBOUNCE) {
-            return Ok(());
-        }
-        tracing::warn!(store = %self.redacted, "redis lost the pool's state: declaring it again");
-        self.configure_remote(p).await?;
-        self.reapply_all(p).await?;
-        *last = Some(std::time::Instant::now());
-        Ok(())
-    }
-
-    /// Runs `set_member.lua`: 1 changed, 0 unchanged or not a member, -1 pool state missing, 2
-    /// refused. `believed` is the setting this instance last knew the member to have (`None`:
-    /// apply unconditionally).
-    async fn set_member_remote(
-        &self,
-        p: &PoolLocal,
-        upstream: &UpstreamId,
-        state: MemberState,
-        believed: Option<MemberState>,
-    ) -> Result<i64, Fault> {
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::SET_MEMBER, 3);
-        inv.key(&k.meta)
-            .key(&k.state)
-            .key(&k.members)
-            .arg(upstream.as_str())
-            .arg(u8::from(state.eligible))
-            .arg(u8::from(state.keeps_sessions))
-            .arg(state.cost.max(1))
-            .arg(&k.events)
-            .arg(&self.instance);
-        match believed {
-            Some(b) => inv.arg(service_level(b)),
-            None => inv.arg(""),
-        };
-        self.eval(&inv, self.timeout).await
-    }
-
     /// Ends `releases` and adds `stats` in one `release.lua` run; true when that freed capacity.
     /// What the releases themselves recorded is not sent: their callers add it to the pool's
     /// pending statistics.
@@ -748,22 +674,6 @@ impl Inner {
         Ok(())
     }
 
-    async fn unbind_remote(
-        &self,
-        p: &PoolLocal,
-        key: &str,
-        upstream: &UpstreamId,
-    ) -> Result<(), Fault> {
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::UNBIND, 2);
-        inv.key(&k.session(key))
-            .key(&k.sessions)
-            .arg(upstream.as_str())
-            .arg(key);
-        let _: i64 = self.eval(&inv, self.timeout).await?;
-        Ok(())
-    }
-
     async fn record_remote(
         &self,
         p: &PoolLocal,
@@ -778,29 +688,6 @@ impl Inner {
             .arg(latency.as_micros() as u64);
         let _: i64 = self.eval(&inv, self.timeout).await?;
         Ok(())
-    }
-
-    /// A session's upstream, read without refreshing it (one GET, no script needed).
-    async fn session_upstream_remote(
-        &self,
-        p: &PoolLocal,
-        key: &str,
-    ) -> Result<Option<UpstreamId>, Fault> {
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(p.keys.session(key));
-        let v: Option<String> = self.query(&cmd).await?;
-        Ok(v.map(UpstreamId::new))
-    }
-
-    async fn end_session_remote(&self, p: &PoolLocal, key: &str) -> Result<bool, Fault> {
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::END_SESSION, 2);
-        inv.key(&k.session(key))
-            .key(&k.sessions)
-            .arg(key)
-            .arg(now_ms());
-        let n: i64 = self.eval(&inv, self.timeout).await?;
-        Ok(n > 0)
     }
 
     /// Wakes the pool's waiting requests when the earliest lease expires: capacity held by a
@@ -1084,122 +971,11 @@ impl Inner {
             other => other,
         })
     }
-
-    /// After a refused decision: what Redis holds for `upstream` becomes the local view, as if
-    /// its event had come now. It is on its way all the same, but may have been applied before
-    /// the refused decision was, which the local view then still shows.
-    async fn adopt_member_setting(&self, p: &PoolLocal, pool: &str, upstream: &UpstreamId) {
-        let read: Result<Option<String>, Fault> = self
-            .query(redis::cmd("HGET").arg(&p.keys.state).arg(upstream.as_str()))
-            .await;
-        match read.map(|v| v.as_deref().and_then(member_setting)) {
-            Ok(Some(state)) => {
-                self.member_changed_elsewhere(pool, upstream.clone(), state)
-                    .await
-            }
-            Ok(None) => {}
-            Err(f) => {
-                tracing::debug!(pool, upstream = %upstream, error = ?f, "member setting not read back")
-            }
-        }
-    }
-
-    /// Applies a member change another instance published: to the local view, and to the
-    /// subscribers of [`Store::subscribe_member_changes`].
-    async fn member_changed_elsewhere(&self, pool: &str, upstream: UpstreamId, state: MemberState) {
-        tracing::info!(
-            pool, upstream = %upstream, eligible = state.eligible,
-            keeps_sessions = state.keeps_sessions, cost = state.cost,
-            "member setting from another instance"
-        );
-        if let Err(e) = self.fallback.set_member(pool, &upstream, state).await {
-            tracing::debug!(pool, error = %e, "member change for a pool this instance does not serve");
-            return;
-        }
-        // Nobody listening is fine.
-        let _ = self.changes.send(MemberChange {
-            pool: pool.to_string(),
-            upstream,
-            state,
-        });
-    }
 }
 
 impl Store for RedisStore {
     async fn configure(&self, spec: PoolSpec) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        inner.fallback.configure(spec.clone()).await?;
-        let p = {
-            let mut pools = inner.pools.write().unwrap_or_else(|e| e.into_inner());
-            match pools.get(&spec.name) {
-                Some(p) => {
-                    p.spec.store(Arc::new(spec.clone()));
-                    locked(&p.stock).clear();
-                    p.clone()
-                }
-                None => {
-                    let p = Arc::new(PoolLocal {
-                        keys: PoolKeys::new(&inner.prefix, &spec.name),
-                        spec: ArcSwap::from_pointee(spec.clone()),
-                        notify: Arc::new(Notify::new()),
-                        applied: Mutex::default(),
-                        restoring: tokio::sync::Mutex::new(None),
-                        wake_at: Mutex::new(None),
-                        epoch: AtomicU64::new(0),
-                        full: AtomicBool::new(false),
-                        probe: tokio::sync::Mutex::new(None),
-                        acquires: Arc::new(Batcher::new(
-                            ACQUIRE_BATCH,
-                            ACQUIRE_CALLS,
-                            inner.calls.clone(),
-                        )),
-                        releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, inner.calls.clone())),
-                        stats: Mutex::default(),
-                        held: Mutex::default(),
-                        stock: Mutex::default(),
-                    });
-                    pools.insert(spec.name.clone(), p.clone());
-                    p
-                }
-            }
-        };
-        inner.channels.send_modify(|c| {
-            c.insert(p.keys.events.clone());
-        });
-        if inner.is_degraded() {
-            // The recovery declares every pool.
-            return Ok(());
-        }
-        let declared = match inner.name_connection().await {
-            Ok(()) => inner.configure_remote(&p).await,
-            Err(f) => Err(f),
-        };
-        match declared {
-            Ok(fresh) => {
-                if fresh {
-                    tracing::info!(pool = %spec.name, store = %inner.redacted, "pool declared in redis");
-                }
-                // Hear the pool's events before serving it (bounded: events are a latency
-                // optimisation, never a reason not to serve).
-                let mut subscribed = inner.subscribed.subscribe();
-                let heard = tokio::time::timeout(
-                    inner.timeout.max(Duration::from_secs(1)),
-                    subscribed.wait_for(|s| s.contains(&p.keys.events)),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok());
-                if !heard {
-                    tracing::warn!(pool = %spec.name, "not yet subscribed to the pool's redis events");
-                }
-                p.wake();
-                Ok(())
-            }
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Ok(())
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.configure(spec).await
     }
 
     /// Plain requests waiting for capacity are woken all at once by every release (as with the
@@ -1297,59 +1073,7 @@ impl Store for RedisStore {
         upstream: &UpstreamId,
         state: MemberState,
     ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        // In this order: a refill that lands after the clear finds the new setting.
-        locked(&p.applied).insert(upstream.clone(), state);
-        locked(&p.stock).clear();
-        let believed = inner.fallback.member_state(pool, upstream);
-        inner.fallback.set_member(pool, upstream, state).await?;
-        let deferred = || Deferred::Member {
-            pool: pool.to_string(),
-            upstream: upstream.clone(),
-            state,
-        };
-        if inner.defer_if_degraded(deferred) {
-            p.wake();
-            return Ok(());
-        }
-        let mut restored = false;
-        loop {
-            match inner.set_member_remote(&p, upstream, state, believed).await {
-                Ok(-1) if !restored => {
-                    restored = true;
-                    // Restoring re-applies this setting with the others.
-                    match inner.restore_pool(&p).await {
-                        Ok(()) => continue,
-                        Err(Fault::Down(why)) => {
-                            inner.defer_and_degrade(deferred(), &why);
-                            return Ok(());
-                        }
-                        Err(Fault::Broken(why)) => return Err(broken(why)),
-                    }
-                }
-                Ok(2) => {
-                    locked(&p.applied).remove(upstream);
-                    tracing::info!(
-                        pool, upstream = %upstream, eligible = state.eligible, cost = state.cost,
-                        "health decision not applied: another instance moved the member out of service first"
-                    );
-                    inner.adopt_member_setting(&p, pool, upstream).await;
-                    return Ok(());
-                }
-                Ok(changed) => {
-                    if changed == 1 {
-                        p.wake();
-                    }
-                    return Ok(());
-                }
-                Err(Fault::Down(why)) => {
-                    inner.defer_and_degrade(deferred(), &why);
-                    return Ok(());
-                }
-                Err(Fault::Broken(why)) => return Err(broken(why)),
-            }
-        }
+        self.inner.set_member(pool, upstream, state).await
     }
 
     async fn record(
@@ -1385,48 +1109,15 @@ impl Store for RedisStore {
         pool: &str,
         key: &str,
     ) -> Result<Option<UpstreamId>, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        if inner.is_degraded() {
-            return inner.fallback.session_upstream(pool, key).await;
-        }
-        match inner.session_upstream_remote(&p, key).await {
-            Ok(v) => Ok(v),
-            Err(Fault::Down(why) | Fault::Broken(why)) => Err(StoreError::Unavailable(why)),
-        }
+        self.inner.session_upstream(pool, key).await
     }
 
     async fn end_session(&self, pool: &str, key: &str) -> Result<bool, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        let local = inner.fallback.end_session(pool, key).await?;
-        match inner.end_session_remote(&p, key).await {
-            Ok(remote) => Ok(remote || local),
-            // An operator's action is not deferred: say the store is unavailable.
-            Err(Fault::Down(why) | Fault::Broken(why)) => Err(StoreError::Unavailable(why)),
-        }
+        self.inner.end_session(pool, key).await
     }
 
     async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        inner.fallback.unbind(pool, key, upstream).await?;
-        let deferred = || Deferred::Unbind {
-            pool: pool.to_string(),
-            key: key.to_string(),
-            upstream: upstream.clone(),
-        };
-        if inner.defer_if_degraded(deferred) {
-            return Ok(());
-        }
-        match inner.unbind_remote(&p, key, upstream).await {
-            Ok(()) => Ok(()),
-            Err(Fault::Down(why)) => {
-                inner.defer_and_degrade(deferred(), &why);
-                Ok(())
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.unbind(pool, key, upstream).await
     }
 
     fn release_signal(&self, pool: &str) -> Arc<Notify> {
@@ -1437,36 +1128,7 @@ impl Store for RedisStore {
     }
 
     async fn status(&self, pool: &str) -> Result<PoolStatus, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        if inner.is_degraded() {
-            return inner.fallback.status(pool).await;
-        }
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::STATUS, 8);
-        inv.key(&k.state)
-            .key(&k.members)
-            .key(&k.leases)
-            .key(&k.lease_up)
-            .key(&k.stats)
-            .key(&k.sessions)
-            .key(&k.instances)
-            .key(&k.held)
-            .arg(now_ms())
-            .arg(&inner.instance);
-        match inner.eval::<StatusReply>(&inv, inner.timeout).await {
-            Ok(reply) => Ok(status_from(
-                &p.spec.load(),
-                reply,
-                &locked(&p.stats),
-                &locked(&p.held),
-            )),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                inner.fallback.status(pool).await
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.status(pool).await
     }
 
     fn kind(&self) -> &'static str {
@@ -1482,12 +1144,7 @@ impl Store for RedisStore {
     }
 
     async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<LockToken>, StoreError> {
-        let token = LockToken::random();
-        let mut inv = Call::new(&scripts::LOCK_ACQUIRE, 1);
-        inv.key(&lock_key(&self.inner.prefix, name))
-            .arg(token.as_str())
-            .arg(millis(ttl));
-        Ok(self.lock_call(&inv).await?.then_some(token))
+        self.inner.lock(name, ttl).await
     }
 
     async fn extend_lock(
@@ -1496,52 +1153,19 @@ impl Store for RedisStore {
         token: &LockToken,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let mut inv = Call::new(&scripts::LOCK_EXTEND, 1);
-        inv.key(&lock_key(&self.inner.prefix, name))
-            .arg(token.as_str())
-            .arg(millis(ttl));
-        self.lock_call(&inv).await
+        self.inner.extend_lock(name, token, ttl).await
     }
 
     async fn unlock(&self, name: &str, token: &LockToken) -> Result<bool, StoreError> {
-        let mut inv = Call::new(&scripts::LOCK_RELEASE, 1);
-        inv.key(&lock_key(&self.inner.prefix, name))
-            .arg(token.as_str());
-        self.lock_call(&inv).await
+        self.inner.unlock(name, token).await
     }
 
     async fn put_listed(&self, pool: &str, list: &str) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        let mut inv = Call::new(&scripts::LISTED_PUT, 1);
-        inv.key(&p.keys.listed)
-            .arg(list)
-            .arg(&p.keys.events)
-            .arg(&inner.instance);
-        match inner.eval::<i64>(&inv, inner.timeout).await {
-            Ok(_) => Ok(()),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.put_listed(pool, list).await
     }
 
     async fn listed(&self, pool: &str) -> Result<Option<String>, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        match inner
-            .query::<Option<String>>(redis::cmd("GET").arg(&p.keys.listed))
-            .await
-        {
-            Ok(v) => Ok(v),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.listed(pool).await
     }
 
     fn subscribe_listed_changes(&self) -> broadcast::Receiver<String> {
@@ -1550,111 +1174,6 @@ impl Store for RedisStore {
 
     fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange> {
         self.inner.changes.subscribe()
-    }
-}
-
-impl RedisStore {
-    /// Runs a lock script. Locks are never served from the local view: exclusion across
-    /// instances cannot be promised without Redis, so a degraded store answers an error.
-    async fn lock_call(&self, inv: &Call) -> Result<bool, StoreError> {
-        let inner = &self.inner;
-        if inner.is_degraded() {
-            return Err(StoreError::Unavailable(
-                "redis unreachable: locks are not available while degraded".into(),
-            ));
-        }
-        match inner.eval::<i64>(inv, inner.timeout).await {
-            Ok(n) => Ok(n == 1),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
-    }
-}
-
-/// `status.lua`'s snapshot: live sessions, states, scores, the upstream of each listed lease,
-/// statistics, and other instances' reports of unlisted leases.
-type StatusReply = (
-    u64,
-    Vec<String>,
-    Vec<String>,
-    Vec<String>,
-    Vec<String>,
-    Vec<String>,
-);
-
-/// Assembles `/status` figures from `status.lua`'s snapshot, in the configured member order, with
-/// what this instance has not sent yet: statistics and its own unlisted leases.
-fn status_from(
-    spec: &PoolSpec,
-    (sessions_live, state, members, live, stats, reports): StatusReply,
-    unsent: &stats::Pending,
-    held: &held::Held,
-) -> PoolStatus {
-    let pairs = |flat: Vec<String>| -> Vec<(String, String)> {
-        let mut it = flat.into_iter();
-        let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            out.push((k, v));
-        }
-        out
-    };
-    let scores: HashMap<String, f64> = pairs(members)
-        .into_iter()
-        .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
-        .collect();
-    // The saved score (field 4 of `e|k|c|s|r`) of members not eligible.
-    let saved: HashMap<String, f64> = pairs(state)
-        .into_iter()
-        .filter_map(|(k, v)| Some((k, v.split('|').nth(3)?.parse().ok()?)))
-        .collect();
-    let mut live_by: HashMap<String, u64> = HashMap::new();
-    for up in live {
-        *live_by.entry(up).or_default() += 1;
-    }
-    for lines in &reports {
-        held::add_lines(lines, &mut live_by);
-    }
-    let mut counters: HashMap<String, HashMap<String, u64>> = HashMap::new();
-    for (field, v) in pairs(stats) {
-        if let (Some((up, name)), Ok(n)) = (field.rsplit_once('\n'), v.parse::<u64>()) {
-            counters
-                .entry(up.to_string())
-                .or_default()
-                .insert(name.to_string(), n);
-        }
-    }
-    unsent.add_to(&mut counters);
-    let members = spec
-        .members
-        .iter()
-        .map(|id| {
-            let c = counters.get(id.as_str());
-            let get = |name: &str| c.and_then(|c| c.get(name)).copied().unwrap_or(0);
-            let mut outcomes = [0u64; Outcome::ALL.len()];
-            for o in Outcome::ALL {
-                outcomes[o.index()] = get(o.key());
-            }
-            let allocations = scores
-                .get(id.as_str())
-                .or_else(|| saved.get(id.as_str()))
-                .copied()
-                .unwrap_or(0.0) as u64;
-            super::member_status(
-                id,
-                live_by.get(id.as_str()).copied().unwrap_or(0) + held.of(id.as_str()),
-                allocations,
-                &outcomes,
-                Duration::from_micros(get("latency_us")),
-                get("latency_n"),
-            )
-        })
-        .collect();
-    PoolStatus {
-        sessions_live,
-        members,
     }
 }
 
