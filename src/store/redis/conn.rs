@@ -13,10 +13,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 
+use super::release::Release;
 use super::scripts::Call;
 use super::{
-    CONFIGURE_TIMEOUT, Fault, Inner, RedisSettings, Release, Target, UNLISTED_LEASE, locked,
-    parse_target,
+    CONFIGURE_TIMEOUT, Fault, Inner, RedisSettings, Target, UNLISTED_LEASE, locked, parse_target,
 };
 use crate::store::{LeaseId, MemberState, StoreError};
 use crate::upstream::UpstreamId;
