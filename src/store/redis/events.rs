@@ -22,7 +22,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, PushInfo, PushKind, Value};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::{Inner, RECONNECT_MAX, RECONNECT_MIN};
+use super::Inner;
+use super::conn::{RECONNECT_MAX, RECONNECT_MIN};
 use crate::store::MemberState;
 use crate::upstream::UpstreamId;
 

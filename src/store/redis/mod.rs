@@ -24,51 +24,57 @@
 //! Lease deadlines are written with this machine's wall clock (scripts take the time as an
 //! argument), so instances sharing a pool need synchronised clocks (NTP); a skew of `d` moves
 //! another instance's lease expiry by `d`.
+//!
+//! # Layout
+//! [`RedisStore`] and its [`Store`] methods are here, each one handing over to the module that does
+//! the job: `conn.rs` (connections, degraded mode), `acquire.rs`, `release.rs` (and statistics),
+//! `members.rs` (pools, member settings, lists), `sessions.rs`, `status.rs` and `locks.rs`.
 
+mod acquire;
 mod batch;
+mod conn;
 mod events;
 mod held;
 mod keys;
+mod locks;
+mod members;
+mod release;
 mod scripts;
+mod sessions;
 mod stats;
+mod status;
 mod stock;
 
 pub use crate::store_url::{DEFAULT_KEY_PREFIX, DEFAULT_TIMEOUT_MS, Target, parse_target, redact};
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use arc_swap::{ArcSwap, ArcSwapOption};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisError};
+use arc_swap::ArcSwap;
+use redis::RedisError;
 use tokio::sync::{Notify, broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use super::memory::MemoryStore;
 use super::{
-    Acquired, Grant, HEALTH_DEGRADED, HEALTH_OK, LeaseId, LockToken, MemberChange, MemberState,
-    PoolSpec, PoolStatus, Store, StoreError, Want,
+    Acquired, HEALTH_DEGRADED, HEALTH_OK, LeaseId, LockToken, MemberChange, MemberState, PoolSpec,
+    PoolStatus, Store, StoreError, Want,
 };
 use crate::config::Strategy;
 use crate::health::Outcome;
 use crate::upstream::UpstreamId;
+use acquire::AcquireItem;
 use batch::Batcher;
-use keys::{PoolKeys, lock_key};
-use scripts::{AcquireReply, Call};
+use conn::{Backlog, Remote, client_name};
+use keys::PoolKeys;
+use release::{Release, flush_periodically};
+use scripts::AcquireReply;
 
 /// Bound on declaring a pool, which writes every member once (large pools take longer).
 const CONFIGURE_TIMEOUT: Duration = Duration::from_secs(5);
-/// First and longest pause between reconnection attempts.
-const RECONNECT_MIN: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_secs(2);
-/// Writes kept for replay while Redis is unreachable. Past this the oldest are dropped: their
-/// leases expire by themselves within `lease_ttl`.
-const MAX_BACKLOG: usize = 100_000;
 /// Plain acquires per call, and calls under way at once: a second call may start while one is
 /// under way, so a lone request never waits for someone else's round trip.
 const ACQUIRE_BATCH: usize = 64;
@@ -79,13 +85,8 @@ const RELEASE_BATCH: usize = 128;
 const FALLBACK_LEASE: u64 = 1 << 63;
 /// Marks an unlisted lease (see `held.rs`): Redis holds no record of it.
 const UNLISTED_LEASE: u64 = 1 << 62;
-/// Failed reconnection attempts in a row after which the connection is replaced by a new one.
-const FRESH_CONNECTION_AFTER: u32 = 3;
 /// Member changes buffered per subscriber before the slowest one misses some.
 const MEMBER_CHANGES_CAPACITY: usize = 1024;
-/// Within this long after a pool's state was restored, another "unconfigured" answer is not
-/// restored again (concurrent requests all notice the same loss).
-const RESTORE_DEBOUNCE: Duration = Duration::from_secs(1);
 
 /// How to reach Redis and how to name things there.
 #[derive(Clone, Debug)]
@@ -143,114 +144,6 @@ fn broken(why: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {why}"))
 }
 
-/// One connection handle, cloned per call.
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl redis::aio::ConnectionLike for Conn {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a redis::Cmd,
-    ) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one per store, built once and never moved on the hot path"
-)]
-enum Remote {
-    /// Reconnects by itself after a failed command; replaced whole when calls keep timing out
-    /// (a connection whose peer vanished without closing it never fails, it only goes silent).
-    Single {
-        client: redis::Client,
-        config: ConnectionManagerConfig,
-        manager: ArcSwap<ConnectionManager>,
-    },
-    /// Connected on first use (and again after a failed first connection).
-    Cluster {
-        client: Box<ClusterClient>,
-        conn: ArcSwapOption<ClusterConnection>,
-        connecting: tokio::sync::Mutex<()>,
-    },
-}
-
-/// A write Redis missed while unreachable, replayed when it is back.
-#[derive(Debug)]
-enum Deferred {
-    Release {
-        pool: String,
-        release: Release,
-    },
-    Unbind {
-        pool: String,
-        key: String,
-        upstream: UpstreamId,
-    },
-    Member {
-        pool: String,
-        upstream: UpstreamId,
-        state: MemberState,
-    },
-}
-
-#[derive(Default)]
-struct Backlog {
-    writes: VecDeque<Deferred>,
-    /// The latest setting per member (only the last one matters).
-    members: HashMap<(String, UpstreamId), MemberState>,
-}
-
-impl Backlog {
-    fn push(&mut self, d: Deferred) {
-        match d {
-            Deferred::Member {
-                pool,
-                upstream,
-                state,
-            } => {
-                self.members.insert((pool, upstream), state);
-            }
-            other => {
-                if self.writes.len() >= MAX_BACKLOG {
-                    self.writes.pop_front();
-                }
-                self.writes.push_back(other);
-            }
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.members.is_empty()
-    }
-}
-
 /// What this instance keeps about one pool.
 struct PoolLocal {
     spec: ArcSwap<PoolSpec>,
@@ -269,7 +162,7 @@ struct PoolLocal {
     /// The last plain acquire found every candidate at its cap.
     full: AtomicBool,
     /// While the pool is full, plain acquires ask Redis one at a time: the epoch at which the last
-    /// one was sent and whether it found the pool full. See [`RedisStore::acquire`].
+    /// one was sent and whether it found the pool full (see `acquire.rs`).
     probe: tokio::sync::Mutex<Option<(u64, bool)>>,
     /// Plain acquires and releases waiting for the call that will carry them.
     acquires: Arc<Batcher<AcquireItem, AcquireReply>>,
@@ -282,36 +175,32 @@ struct PoolLocal {
     stock: Mutex<stock::Stock>,
 }
 
-/// One lease to end, and what its exchange recorded.
-#[derive(Debug, Clone)]
-struct Release {
-    /// `None` records nothing (see [`Release::quiet`]).
-    upstream: Option<UpstreamId>,
-    lease: LeaseId,
-    /// `None` records nothing, like a `None` upstream.
-    outcome: Option<Outcome>,
-    latency: Duration,
-}
-
-impl Release {
-    /// Ends `lease` and records nothing: for a lease whose acquire timed out (it may have been
-    /// granted all the same) and for a release already sent once, whose outcome may be counted.
-    fn quiet(lease: LeaseId) -> Release {
-        Release {
-            upstream: None,
-            lease,
-            outcome: None,
-            latency: Duration::ZERO,
-        }
-    }
-}
-
 impl PoolLocal {
     /// Capacity may have appeared: move the epoch, then wake every waiting request.
     fn wake(&self) {
         locked(&self.stock).clear();
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_waiters();
+    }
+
+    /// A pool's local state, nothing sent yet.
+    fn new(prefix: &str, spec: &PoolSpec, calls: &TaskTracker) -> PoolLocal {
+        PoolLocal {
+            keys: PoolKeys::new(prefix, &spec.name),
+            spec: ArcSwap::from_pointee(spec.clone()),
+            notify: Arc::new(Notify::new()),
+            applied: Mutex::default(),
+            restoring: tokio::sync::Mutex::new(None),
+            wake_at: Mutex::new(None),
+            epoch: AtomicU64::new(0),
+            full: AtomicBool::new(false),
+            probe: tokio::sync::Mutex::new(None),
+            acquires: Arc::new(Batcher::new(ACQUIRE_BATCH, ACQUIRE_CALLS, calls.clone())),
+            releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, calls.clone())),
+            stats: Mutex::default(),
+            held: Mutex::default(),
+            stock: Mutex::default(),
+        }
     }
 }
 
@@ -346,70 +235,6 @@ struct Inner {
     calls: TaskTracker,
 }
 
-type ReleaseCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<()>, Fault>> + Send>>;
-
-/// What sends a pool's queued releases, one `release.lua` run per batch. It deals with the call's
-/// outcome for every release it carries, since most were posted and nobody waits for them:
-/// freed capacity wakes the requests waiting for it; an unreachable Redis keeps each release for
-/// replay (quietly: it may have run) and degrades the store; a refused call is logged.
-fn release_sender(
-    inner: &Arc<Inner>,
-    pool: &str,
-    p: &Arc<PoolLocal>,
-) -> impl FnMut(Vec<Release>) -> ReleaseCall + Send + 'static {
-    let (inner, pool, p) = (inner.clone(), pool.to_string(), p.clone());
-    move |batch: Vec<Release>| {
-        let (inner, pool, p) = (inner.clone(), pool.clone(), p.clone());
-        Box::pin(async move {
-            let stats = {
-                let mut pending = locked(&p.stats);
-                for r in &batch {
-                    if let (Some(up), Some(outcome)) = (&r.upstream, r.outcome) {
-                        pending.add(up, outcome, r.latency);
-                    }
-                }
-                if pending.due(std::time::Instant::now()) {
-                    pending.take()
-                } else {
-                    stats::Taken::default()
-                }
-            };
-            match inner.release_remote(&p, &batch, &stats).await {
-                Ok(freed) => {
-                    if freed {
-                        p.wake();
-                    }
-                }
-                Err(Fault::Down(why)) => {
-                    locked(&p.stats).restore(stats);
-                    inner.replay_quietly(&pool, batch.iter().map(|r| r.lease), &why);
-                }
-                Err(Fault::Broken(why)) => {
-                    tracing::warn!(
-                        pool = %pool, releases = batch.len(), error = %why,
-                        "redis refused a lease release"
-                    );
-                }
-            }
-            Ok(vec![(); batch.len()])
-        })
-    }
-}
-
-/// Sends what statistics wait and the reports of unlisted leases, every [`stats::FLUSH_EVERY`],
-/// until the store stops: so no figure waits longer than that (a release call also carries those
-/// that have waited that long, should this task run late).
-async fn flush_periodically(inner: Arc<Inner>) {
-    let mut tick = tokio::time::interval(stats::FLUSH_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = inner.stop.cancelled() => return,
-            _ = tick.tick() => inner.flush(),
-        }
-    }
-}
-
 /// A poisoned lock only means a panic elsewhere mid-update; the data is still usable.
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -431,195 +256,13 @@ fn takes_unlisted_leases(spec: &PoolSpec) -> bool {
     spec.max_concurrency.is_none() && spec.strategy != Strategy::LeastConnections
 }
 
-/// A member setting as `set_member.lua` ranks it: 0 in service, 1 quarantined, 2 dead.
-fn service_level(s: MemberState) -> u8 {
-    match (s.eligible, s.keeps_sessions) {
-        (true, _) => 0,
-        (false, true) => 1,
-        (false, false) => 2,
-    }
-}
-
-/// The setting in a member's `state` field (`e|k|c|s|r`, see `acquire.lua`).
-fn member_setting(field: &str) -> Option<MemberState> {
-    let mut f = field.split('|');
-    let eligible = f.next()? == "1";
-    let keeps_sessions = f.next()? == "1";
-    let cost = f.next()?.parse().ok()?;
-    Some(MemberState {
-        eligible,
-        keeps_sessions,
-        cost,
-    })
-}
-
-/// What waits for an acquire call: a request's lease, or a refill of the stock.
-#[derive(Debug, Clone, Copy)]
-enum AcquireItem {
-    Lease(LeaseId),
-    Refill,
-}
-
-type AcquireCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<AcquireReply>, Fault>> + Send>>;
-
-/// What sends a batch of plain acquires of pool `p`.
-fn acquire_sender(
-    inner: &Arc<Inner>,
-    p: &Arc<PoolLocal>,
-) -> impl FnMut(Vec<AcquireItem>) -> AcquireCall + Send + 'static {
-    let (inner, p) = (inner.clone(), p.clone());
-    move |items| {
-        let (inner, p) = (inner.clone(), p.clone());
-        Box::pin(async move {
-            let r = inner.acquire_many(&p, &items).await;
-            if let Err(Fault::Down(why)) = &r {
-                // Now, before this task sends the acquires that queued meanwhile: they go to the
-                // local view at once instead of waiting out a second timeout.
-                inner.degrade(why);
-            }
-            r
-        })
-    }
-}
-
-/// The `many` mode's reply lines as each item's answer (a refill's is a placeholder nobody
-/// reads), and the upstreams of the grants taken for the stock, which follow them.
-fn split_replies(
-    items: &[AcquireItem],
-    expected: usize,
-    replies: Vec<String>,
-) -> Result<(Vec<AcquireReply>, Vec<UpstreamId>), Fault> {
-    if replies.len() != expected {
-        return Err(Fault::Broken(format!(
-            "acquire: {} replies for {expected} leases",
-            replies.len()
-        )));
-    }
-    let parse = |r: &str| AcquireReply::parse_line(r).map_err(Fault::Broken);
-    let mut replies = replies.iter();
-    let mut out = Vec::with_capacity(items.len());
-    for i in items {
-        out.push(match i {
-            // The count was checked above: a missing line cannot happen, and would not parse.
-            AcquireItem::Lease(_) => parse(replies.next().map_or("", String::as_str))?,
-            AcquireItem::Refill => AcquireReply::NoCandidates,
-        });
-    }
-    let mut grants = Vec::new();
-    for r in replies {
-        if let AcquireReply::Granted { upstream, .. } = parse(r)? {
-            grants.push(UpstreamId::new(upstream));
-        }
-    }
-    Ok((out, grants))
-}
-
-/// A random id for a lease Redis grants, marked unlisted when it is (see `held.rs`).
-fn new_lease(unlisted: bool) -> LeaseId {
-    let id = rand::random::<u64>() & !(FALLBACK_LEASE | UNLISTED_LEASE);
-    LeaseId(if unlisted { id | UNLISTED_LEASE } else { id })
-}
-
-/// Adds a lease id as `acquire.lua` takes it: `-` asks for an unlisted lease.
-fn lease_arg(inv: &mut Call, lease: LeaseId) {
-    if lease.0 & UNLISTED_LEASE != 0 {
-        inv.arg("-");
-    } else {
-        inv.arg(lease.0);
-    }
-}
-
-fn strategy_arg(s: Strategy) -> &'static str {
-    match s {
-        Strategy::LeastUsed => "least-used",
-        Strategy::Weighted => "weighted",
-        Strategy::LeastConnections => "least-connections",
-        Strategy::RoundRobin => "round-robin",
-    }
-}
-
-/// A client for the same server speaking RESP3, which lets one connection both subscribe and
-/// answer PINGs.
-fn resp3(client: &redis::Client) -> redis::RedisResult<redis::Client> {
-    let info = client.get_connection_info().clone();
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(redis::ProtocolVersion::RESP3);
-    redis::Client::open(info.set_redis_settings(settings))
-}
-
-/// `poolgate:<instance id>`, with anything Redis would refuse in a client name replaced.
-fn client_name(instance: &str) -> String {
-    let clean: String = instance
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.:".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("poolgate:{clean}")
-}
-
 impl RedisStore {
     /// Prepares the connections (nothing is sent yet) and starts the events subscriber. Pools are
     /// declared with [`Store::configure`]; if Redis cannot be reached then, the store starts
     /// degraded and catches up when it can.
     pub fn new(settings: RedisSettings) -> Result<Self, StoreError> {
         let redacted = redact(&settings.url);
-        let bad = |what: &str| StoreError::Unavailable(format!("redis {redacted}: {what}"));
-        let target = parse_target(&settings.url).map_err(|e| bad(&e))?;
-        let (remote, event_clients) = match target {
-            Target::Single(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(|_| bad("invalid URL"))?;
-                let events = resp3(&client).map_err(|_| bad("invalid URL"))?;
-                // Responses are bounded per call (see `Inner::eval`), so the connection itself
-                // has no response timeout: a large pool's declaration may take longer.
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(settings.timeout))
-                    .set_response_timeout(None)
-                    .set_number_of_retries(1)
-                    .set_min_delay(Duration::from_millis(50))
-                    .set_max_delay(Duration::from_millis(500));
-                let manager =
-                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                        .map_err(|e| bad(&e.to_string()))?;
-                (
-                    Remote::Single {
-                        client,
-                        config,
-                        manager: ArcSwap::from_pointee(manager),
-                    },
-                    vec![events],
-                )
-            }
-            Target::Cluster(nodes) => {
-                let client = ClusterClient::builder(nodes.clone())
-                    .connection_timeout(settings.timeout)
-                    .response_timeout(CONFIGURE_TIMEOUT)
-                    .retries(2)
-                    .min_retry_wait(10)
-                    .max_retry_wait(100)
-                    .build()
-                    .map_err(|_| bad("invalid cluster URL"))?;
-                let events = nodes
-                    .iter()
-                    .map(|n| redis::Client::open(n.as_str()).and_then(|c| resp3(&c)))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|_| bad("invalid cluster URL"))?;
-                (
-                    Remote::Cluster {
-                        client: Box::new(client),
-                        conn: ArcSwapOption::empty(),
-                        connecting: tokio::sync::Mutex::new(()),
-                    },
-                    events,
-                )
-            }
-        };
+        let (remote, event_clients) = conn::connect(&settings, &redacted)?;
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             remote,
@@ -672,66 +315,6 @@ impl RedisStore {
         calls.reopen();
         settled
     }
-
-    /// [`Store::release`] without waiting: the release goes with the pool's next release call,
-    /// which handles what it meets itself (see [`release_sender`]). A release is on every
-    /// request's path, and a task per release only to wait for the call cost more than the
-    /// release's share of the call.
-    pub fn release_now(
-        &self,
-        pool: &str,
-        upstream: &UpstreamId,
-        lease: LeaseId,
-        outcome: Outcome,
-        latency: Duration,
-    ) -> Result<(), StoreError> {
-        if let Some((p, r)) = self.to_send(pool, upstream, lease, outcome, latency)? {
-            p.releases.post(r, || release_sender(&self.inner, pool, &p));
-        }
-        Ok(())
-    }
-
-    /// The release that must go to Redis, or `None` when it is done already: a lease of the local
-    /// view ends there, an unlisted lease here (its outcome joins the pending statistics), and
-    /// while degraded the release waits in the backlog for replay.
-    fn to_send(
-        &self,
-        pool: &str,
-        upstream: &UpstreamId,
-        lease: LeaseId,
-        outcome: Outcome,
-        latency: Duration,
-    ) -> Result<Option<(Arc<PoolLocal>, Release)>, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        if lease.0 & FALLBACK_LEASE != 0 {
-            let local = LeaseId(lease.0 & !FALLBACK_LEASE);
-            let r = inner
-                .fallback
-                .release_now(pool, upstream, local, outcome, latency);
-            p.wake();
-            return r.map(|()| None);
-        }
-        if lease.0 & UNLISTED_LEASE != 0 {
-            locked(&p.held).end(upstream);
-            locked(&p.stats).add(upstream, outcome, latency);
-            return Ok(None);
-        }
-        let r = Release {
-            upstream: Some(upstream.clone()),
-            lease,
-            outcome: Some(outcome),
-            latency,
-        };
-        let deferred = || Deferred::Release {
-            pool: pool.to_string(),
-            release: r.clone(),
-        };
-        if inner.defer_if_degraded(deferred) {
-            return Ok(None);
-        }
-        Ok(Some((p, r)))
-    }
 }
 
 impl Inner {
@@ -777,926 +360,15 @@ impl Inner {
             p.wake();
         }
     }
-
-    async fn conn(&self) -> Result<Conn, Fault> {
-        match &self.remote {
-            Remote::Single { manager, .. } => Ok(Conn::Single((**manager.load()).clone())),
-            Remote::Cluster {
-                client,
-                conn,
-                connecting,
-            } => {
-                if let Some(c) = conn.load_full() {
-                    return Ok(Conn::Cluster((*c).clone()));
-                }
-                let _one_at_a_time = connecting.lock().await;
-                if let Some(c) = conn.load_full() {
-                    return Ok(Conn::Cluster((*c).clone()));
-                }
-                let c = client
-                    .get_async_connection()
-                    .await
-                    .map_err(Fault::from_redis)?;
-                conn.store(Some(Arc::new(c.clone())));
-                Ok(Conn::Cluster(c))
-            }
-        }
-    }
-
-    /// Drops the current connection for a new one (made on next use).
-    fn fresh_connection(&self) {
-        match &self.remote {
-            Remote::Single {
-                client,
-                config,
-                manager,
-            } => match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
-                Ok(m) => manager.store(Arc::new(m)),
-                Err(e) => tracing::debug!(error = %e, "cannot prepare a new redis connection"),
-            },
-            Remote::Cluster { conn, .. } => conn.store(None),
-        }
-    }
-
-    /// Runs a script (EVALSHA, reloading it after NOSCRIPT), bounded by `limit`.
-    async fn eval<T: FromRedisValue>(&self, inv: &Call, limit: Duration) -> Result<T, Fault> {
-        let call = async {
-            let mut conn = self.conn().await?;
-            inv.invoke(&mut conn).await.map_err(Fault::from_redis)
-        };
-        match tokio::time::timeout(limit, call).await {
-            Ok(r) => r,
-            Err(_) => Err(Fault::Down(format!(
-                "no answer within {}ms",
-                limit.as_millis()
-            ))),
-        }
-    }
-
-    /// Sends one plain command, bounded by the store timeout.
-    async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, Fault> {
-        let call = async {
-            let mut conn = self.conn().await?;
-            cmd.query_async(&mut conn).await.map_err(Fault::from_redis)
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(Fault::Down(format!(
-                "no answer within {}ms",
-                self.timeout.as_millis()
-            ))),
-        }
-    }
-
-    /// Sends the pending statistics of every pool, each in a call of its own, and the report of
-    /// its unlisted leases (see `held.rs`) in another. The calls are tracked like releases, so
-    /// `settle` waits for them; one that finds Redis unreachable puts its figures back for the
-    /// next flush. Nothing is sent while degraded.
-    fn flush(self: &Arc<Self>) {
-        if self.is_degraded() {
-            return;
-        }
-        for p in self.all_pools() {
-            if let Some(report) = locked(&p.held).report() {
-                let inner = self.clone();
-                let p = p.clone();
-                self.calls.spawn(async move {
-                    match inner.report_remote(&p, &report).await {
-                        Ok(()) => locked(&p.held).reported(report),
-                        Err(fault) => {
-                            locked(&p.held).unsure();
-                            if let Fault::Broken(why) = fault {
-                                tracing::warn!(error = %why, "redis refused the report of unlisted leases");
-                            }
-                        }
-                    }
-                });
-            }
-            let taken = locked(&p.stats).take();
-            if taken.is_empty() {
-                continue;
-            }
-            let inner = self.clone();
-            self.calls.spawn(async move {
-                match inner.release_remote(&p, &[], &taken).await {
-                    Ok(_) => {}
-                    Err(Fault::Down(_)) => locked(&p.stats).restore(taken),
-                    Err(Fault::Broken(why)) => {
-                        tracing::warn!(error = %why, "redis refused the exchange statistics");
-                    }
-                }
-            });
-        }
-    }
-
-    /// Switches to the local view (once) and makes sure a reconnection is under way.
-    fn degrade(self: &Arc<Self>, why: &str) {
-        if !self.degraded.swap(true, Ordering::SeqCst) {
-            *locked(&self.degraded_since) = Some(std::time::Instant::now());
-            tracing::warn!(
-                store = %self.redacted, reason = why,
-                "redis unreachable: serving from this instance's local view (store degraded)"
-            );
-            // Waiting requests should retry against the local view.
-            self.notify_all();
-        }
-        if !self.recovering.swap(true, Ordering::SeqCst) {
-            let inner = self.clone();
-            tokio::spawn(async move { inner.recover().await });
-        }
-    }
-
-    /// Keeps `make()` for replay if the store is degraded (decided under the backlog lock, so a
-    /// recovery that is finishing cannot miss it). Returns whether it was kept.
-    fn defer_if_degraded(&self, make: impl FnOnce() -> Deferred) -> bool {
-        let mut backlog = locked(&self.backlog);
-        if !self.is_degraded() {
-            return false;
-        }
-        backlog.push(make());
-        true
-    }
-
-    /// Keeps a write Redis may have missed and goes degraded.
-    fn defer_and_degrade(self: &Arc<Self>, d: Deferred, why: &str) {
-        locked(&self.backlog).push(d);
-        self.degrade(why);
-    }
-
-    /// Keeps the release of each of `leases` for replay and goes degraded: for calls Redis may
-    /// or may not have run, so the replay records no outcome (it may be counted already).
-    fn replay_quietly(
-        self: &Arc<Self>,
-        pool: &str,
-        leases: impl IntoIterator<Item = LeaseId>,
-        why: &str,
-    ) {
-        {
-            let mut backlog = locked(&self.backlog);
-            // An unlisted lease leaves nothing in Redis to cancel.
-            for lease in leases.into_iter().filter(|l| l.0 & UNLISTED_LEASE == 0) {
-                backlog.push(Deferred::Release {
-                    pool: pool.to_string(),
-                    release: Release::quiet(lease),
-                });
-            }
-        }
-        self.degrade(why);
-    }
-
-    /// Names the command connection `poolgate:<instance id>` (`CLIENT LIST`, `MONITOR`). Sent on
-    /// every pool declaration and every recovery, which covers every reconnection: the
-    /// connection is only replaced after a failed command, and a failure makes the store recover.
-    async fn name_connection(&self) -> Result<(), Fault> {
-        let name = redis::cmd("CLIENT")
-            .arg("SETNAME")
-            .arg(&self.client_name)
-            .clone();
-        self.query::<()>(&name).await
-    }
-
-    /// Reconnects with backoff until Redis answers and the backlog is replayed.
-    async fn recover(self: Arc<Self>) {
-        loop {
-            let mut delay = RECONNECT_MIN;
-            let mut failures = 0u32;
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = self.stop.cancelled() => {
-                        self.recovering.store(false, Ordering::SeqCst);
-                        return;
-                    }
-                }
-                match self.try_recover().await {
-                    Ok(()) => break,
-                    Err(Fault::Down(why)) => {
-                        tracing::debug!(store = %self.redacted, reason = %why, "redis still unreachable");
-                        delay = (delay * 2).min(RECONNECT_MAX);
-                        failures += 1;
-                        if failures % FRESH_CONNECTION_AFTER == 0 {
-                            self.fresh_connection();
-                        }
-                    }
-                    Err(Fault::Broken(why)) => {
-                        tracing::warn!(store = %self.redacted, reason = %why, "redis answers but refuses the shared state; still degraded");
-                        delay = RECONNECT_MAX;
-                    }
-                }
-            }
-            self.recovering.store(false, Ordering::SeqCst);
-            // A failure between the switch back and here found `recovering` set and spawned
-            // nothing: pick it up.
-            if !self.is_degraded() || self.recovering.swap(true, Ordering::SeqCst) {
-                return;
-            }
-        }
-    }
-
-    /// One reconnection attempt: name the connection, re-declare every pool, re-apply member
-    /// settings, replay the backlog, then leave degraded mode.
-    async fn try_recover(&self) -> Result<(), Fault> {
-        self.name_connection().await?;
-        let mut restored = 0usize;
-        for p in self.all_pools() {
-            if self.configure_remote(&p).await? {
-                restored += self.reapply_all(&p).await?;
-            }
-        }
-        let mut replayed = 0usize;
-        loop {
-            let (writes, members) = {
-                let mut backlog = locked(&self.backlog);
-                if backlog.is_empty() {
-                    self.degraded.store(false, Ordering::SeqCst);
-                    break;
-                }
-                (
-                    std::mem::take(&mut backlog.writes),
-                    std::mem::take(&mut backlog.members),
-                )
-            };
-            replayed += writes.len() + members.len();
-            self.replay(writes, members).await?;
-        }
-        let outage = locked(&self.degraded_since)
-            .take()
-            .map_or(0, |t| t.elapsed().as_millis() as u64);
-        tracing::info!(
-            store = %self.redacted, outage_ms = outage, replayed, restored,
-            "redis reachable again: shared state in use (store ok)"
-        );
-        self.notify_all();
-        Ok(())
-    }
-
-    /// Applies missed writes; on failure puts back what was not applied.
-    async fn replay(
-        &self,
-        writes: VecDeque<Deferred>,
-        members: HashMap<(String, UpstreamId), MemberState>,
-    ) -> Result<(), Fault> {
-        let mut members: Vec<_> = members.into_iter().collect();
-        while let Some(((pool, upstream), state)) = members.pop() {
-            let Ok(p) = self.pool(&pool) else { continue };
-            if let Err(f) = self.set_member_remote(&p, &upstream, state, None).await {
-                let mut backlog = locked(&self.backlog);
-                members.push(((pool, upstream), state));
-                for (k, v) in members {
-                    backlog.members.entry(k).or_insert(v);
-                }
-                for w in writes.into_iter().rev() {
-                    backlog.writes.push_front(w);
-                }
-                return Err(f);
-            }
-        }
-        let mut writes = writes;
-        while let Some(w) = writes.pop_front() {
-            let done = match &w {
-                Deferred::Release { pool, release } => match self.pool(pool) {
-                    Ok(p) => {
-                        let done = self
-                            .release_remote(&p, std::slice::from_ref(release), &Default::default())
-                            .await
-                            .map(drop);
-                        if done.is_ok()
-                            && let (Some(up), Some(outcome)) = (&release.upstream, release.outcome)
-                        {
-                            locked(&p.stats).add(up, outcome, release.latency);
-                        }
-                        done
-                    }
-                    Err(_) => Ok(()),
-                },
-                Deferred::Unbind {
-                    pool,
-                    key,
-                    upstream,
-                } => match self.pool(pool) {
-                    Ok(p) => self.unbind_remote(&p, key, upstream).await,
-                    Err(_) => Ok(()),
-                },
-                Deferred::Member { .. } => Ok(()),
-            };
-            if let Err(f) = done {
-                let mut backlog = locked(&self.backlog);
-                writes.push_front(w);
-                for w in writes.into_iter().rev() {
-                    backlog.writes.push_front(w);
-                }
-                return Err(f);
-            }
-        }
-        Ok(())
-    }
-
-    /// Declares the pool in Redis; true when Redis had no state for it (new, or lost).
-    async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
-        let spec = p.spec.load();
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::CONFIGURE, 6);
-        inv.key(&k.meta)
-            .key(&k.state)
-            .key(&k.members)
-            .key(&k.order)
-            .key(&k.leases)
-            .key(&k.lease_up);
-        for id in &spec.members {
-            inv.arg(id.as_str());
-        }
-        let fresh: i64 = self.eval(&inv, CONFIGURE_TIMEOUT).await?;
-        Ok(fresh == 1)
-    }
-
-    /// Re-applies every member setting this instance made; returns how many.
-    async fn reapply_all(&self, p: &PoolLocal) -> Result<usize, Fault> {
-        let applied: Vec<(UpstreamId, MemberState)> = locked(&p.applied)
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        for (upstream, state) in &applied {
-            self.set_member_remote(p, upstream, *state, None).await?;
-        }
-        Ok(applied.len())
-    }
-
-    /// After Redis answered "unconfigured" (it lost its data): declares the pool again and
-    /// re-applies this instance's member settings, once for a burst of requests noticing it.
-    async fn restore_pool(&self, p: &PoolLocal) -> Result<(), Fault> {
-        let mut last = p.restoring.lock().await;
-        if last.is_some_and(|t| t.elapsed() < RESTORE_DEBOUNCE) {
-            return Ok(());
-        }
-        tracing::warn!(store = %self.redacted, "redis lost the pool's state: declaring it again");
-        self.configure_remote(p).await?;
-        self.reapply_all(p).await?;
-        *last = Some(std::time::Instant::now());
-        Ok(())
-    }
-
-    /// Runs `set_member.lua`: 1 changed, 0 unchanged or not a member, -1 pool state missing, 2
-    /// refused. `believed` is the setting this instance last knew the member to have (`None`:
-    /// apply unconditionally).
-    async fn set_member_remote(
-        &self,
-        p: &PoolLocal,
-        upstream: &UpstreamId,
-        state: MemberState,
-        believed: Option<MemberState>,
-    ) -> Result<i64, Fault> {
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::SET_MEMBER, 3);
-        inv.key(&k.meta)
-            .key(&k.state)
-            .key(&k.members)
-            .arg(upstream.as_str())
-            .arg(u8::from(state.eligible))
-            .arg(u8::from(state.keeps_sessions))
-            .arg(state.cost.max(1))
-            .arg(&k.events)
-            .arg(&self.instance);
-        match believed {
-            Some(b) => inv.arg(service_level(b)),
-            None => inv.arg(""),
-        };
-        self.eval(&inv, self.timeout).await
-    }
-
-    /// Ends `releases` and adds `stats` in one `release.lua` run; true when that freed capacity.
-    /// What the releases themselves recorded is not sent: their callers add it to the pool's
-    /// pending statistics.
-    async fn release_remote(
-        &self,
-        p: &PoolLocal,
-        releases: &[Release],
-        stats: &stats::Taken,
-    ) -> Result<bool, Fault> {
-        let k = &p.keys;
-        let cap = p.spec.load().max_concurrency.unwrap_or(0);
-        let mut inv = Call::new(&scripts::RELEASE, 4);
-        inv.key(&k.leases)
-            .key(&k.lease_up)
-            .key(&k.live)
-            .key(&k.stats)
-            .arg(cap)
-            .arg(&k.events)
-            .arg(releases.len());
-        for r in releases {
-            inv.arg(r.lease.0);
-        }
-        for (field, amount) in stats.pairs() {
-            inv.arg(field).arg(amount);
-        }
-        let freed: i64 = self.eval(&inv, self.timeout).await?;
-        Ok(freed == 1)
-    }
-
-    /// Replaces this instance's report of unlisted leases with `report` (see `report.lua`).
-    async fn report_remote(&self, p: &PoolLocal, report: &held::Report) -> Result<(), Fault> {
-        let k = &p.keys;
-        let spec = p.spec.load();
-        let now = now_ms();
-        // At least three flushes long, so a late tick never lets a live instance's report lapse.
-        let ttl = millis(spec.lease_ttl).max(3 * millis(stats::FLUSH_EVERY));
-        let wake = report.dropped && !takes_unlisted_leases(&spec);
-        let mut inv = Call::new(&scripts::REPORT, 2);
-        inv.key(&k.instances)
-            .key(&k.held)
-            .arg(now)
-            .arg(&self.instance)
-            .arg(now + ttl)
-            .arg(&report.lines)
-            .arg(if wake { k.events.as_str() } else { "" });
-        let _purged: i64 = self.eval(&inv, self.timeout).await?;
-        Ok(())
-    }
-
-    async fn unbind_remote(
-        &self,
-        p: &PoolLocal,
-        key: &str,
-        upstream: &UpstreamId,
-    ) -> Result<(), Fault> {
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::UNBIND, 2);
-        inv.key(&k.session(key))
-            .key(&k.sessions)
-            .arg(upstream.as_str())
-            .arg(key);
-        let _: i64 = self.eval(&inv, self.timeout).await?;
-        Ok(())
-    }
-
-    async fn record_remote(
-        &self,
-        p: &PoolLocal,
-        upstream: &UpstreamId,
-        outcome: Outcome,
-        latency: Duration,
-    ) -> Result<(), Fault> {
-        let mut inv = Call::new(&scripts::RECORD, 1);
-        inv.key(&p.keys.stats)
-            .arg(upstream.as_str())
-            .arg(outcome.key())
-            .arg(latency.as_micros() as u64);
-        let _: i64 = self.eval(&inv, self.timeout).await?;
-        Ok(())
-    }
-
-    /// A session's upstream, read without refreshing it (one GET, no script needed).
-    async fn session_upstream_remote(
-        &self,
-        p: &PoolLocal,
-        key: &str,
-    ) -> Result<Option<UpstreamId>, Fault> {
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(p.keys.session(key));
-        let v: Option<String> = self.query(&cmd).await?;
-        Ok(v.map(UpstreamId::new))
-    }
-
-    async fn end_session_remote(&self, p: &PoolLocal, key: &str) -> Result<bool, Fault> {
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::END_SESSION, 2);
-        inv.key(&k.session(key))
-            .key(&k.sessions)
-            .arg(key)
-            .arg(now_ms());
-        let n: i64 = self.eval(&inv, self.timeout).await?;
-        Ok(n > 0)
-    }
-
-    /// Wakes the pool's waiting requests when the earliest lease expires: capacity held by a
-    /// gateway that died comes back without anyone releasing it.
-    fn schedule_wake(&self, p: &Arc<PoolLocal>, deadline_ms: u64) {
-        let now = now_ms();
-        {
-            let mut at = locked(&p.wake_at);
-            if at.is_some_and(|t| t <= deadline_ms && t > now) {
-                return;
-            }
-            *at = Some(deadline_ms);
-        }
-        let delay = Duration::from_millis(deadline_ms.saturating_sub(now) + 1);
-        let p = p.clone();
-        let stop = self.stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = stop.cancelled() => return,
-            }
-            {
-                let mut at = locked(&p.wake_at);
-                if *at == Some(deadline_ms) {
-                    *at = None;
-                }
-            }
-            p.wake();
-        });
-    }
-
-    /// `acquire.lua` with the keys and leading arguments all its modes share; `lease` is ARGV[2]
-    /// (`None` for the many mode, which ignores it) and `session` the session mode's last key.
-    fn acquire_call(&self, p: &PoolLocal, lease: Option<LeaseId>, session: Option<&str>) -> Call {
-        let spec = p.spec.load();
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::ACQUIRE, 10 + usize::from(session.is_some()));
-        inv.key(&k.meta)
-            .key(&k.state)
-            .key(&k.members)
-            .key(&k.order)
-            .key(&k.leases)
-            .key(&k.lease_up)
-            .key(&k.live)
-            .key(&k.sessions)
-            .key(&k.instances)
-            .key(&k.held);
-        if let Some(key) = session {
-            inv.key(&k.session(key));
-        }
-        let now = now_ms();
-        inv.arg(now);
-        match lease {
-            Some(lease) => lease_arg(&mut inv, lease),
-            None => {
-                inv.arg("-");
-            }
-        }
-        inv.arg(now + millis(spec.lease_ttl).max(1))
-            .arg(spec.max_concurrency.unwrap_or(0))
-            .arg(strategy_arg(spec.strategy))
-            .arg(&k.events);
-        inv
-    }
-
-    /// One acquire in its own call: a session's, or one that excludes upstreams.
-    async fn acquire_one(
-        &self,
-        p: &PoolLocal,
-        lease: LeaseId,
-        want: Want<'_>,
-    ) -> Result<AcquireReply, Fault> {
-        let session = match want {
-            Want::Session { key, .. } => Some(key),
-            Want::Any { .. } => None,
-        };
-        let mut inv = self.acquire_call(p, Some(lease), session);
-        match want {
-            Want::Any { exclude } => {
-                inv.arg("any");
-                for id in exclude {
-                    inv.arg(id.as_str());
-                }
-            }
-            Want::Session {
-                key,
-                ttl,
-                preferred,
-                rebind,
-            } => {
-                inv.arg("session")
-                    .arg(millis(ttl))
-                    .arg(u8::from(rebind))
-                    .arg(key);
-                for id in preferred {
-                    inv.arg(id.as_str());
-                }
-            }
-        }
-        let reply: Vec<String> = self.eval(&inv, self.timeout).await?;
-        AcquireReply::parse(reply).map_err(Fault::Broken)
-    }
-
-    /// Plain acquires, one per waiting lease id, in one call (`many` mode); in a pool whose
-    /// leases are unlisted the call also takes grants for the stock when it is due (see
-    /// `stock.rs`). A refill item's reply is a placeholder: nobody waits for it.
-    async fn acquire_many(
-        &self,
-        p: &PoolLocal,
-        items: &[AcquireItem],
-    ) -> Result<Vec<AcquireReply>, Fault> {
-        if self.is_degraded() {
-            // These waited behind a call that found Redis gone (see `acquire_sender`). Each is
-            // replayed as a quiet release, which ends nothing: it was never sent.
-            if items.iter().any(|i| matches!(i, AcquireItem::Refill)) {
-                locked(&p.stock).refill_failed();
-            }
-            return Err(Fault::Down("the store is degraded".into()));
-        }
-        let waiting = items
-            .iter()
-            .filter(|i| matches!(i, AcquireItem::Lease(_)))
-            .count();
-        let refill = waiting < items.len();
-        let (extra, generation) = if takes_unlisted_leases(&p.spec.load()) {
-            let mut stock = locked(&p.stock);
-            stock.note_waiting(waiting);
-            let extra = if refill || stock.start_refill() {
-                stock.refill_size()
-            } else {
-                0
-            };
-            (extra, stock.generation())
-        } else {
-            (0, 0)
-        };
-        let stocking = refill || extra > 0;
-        let mut inv = self.acquire_call(p, None, None);
-        inv.arg("many");
-        for i in items {
-            if let AcquireItem::Lease(l) = i {
-                lease_arg(&mut inv, *l);
-            }
-        }
-        for _ in 0..extra {
-            inv.arg("-");
-        }
-        let replies: Result<Vec<String>, Fault> = self.eval(&inv, self.timeout).await;
-        let split = replies.and_then(|r| split_replies(items, waiting + extra, r));
-        match split {
-            Ok((out, mut grants)) => {
-                if stocking {
-                    // A member this instance just took out of service may have been picked by a
-                    // call Redis ran before the change.
-                    let applied = locked(&p.applied);
-                    grants.retain(|g| applied.get(g).is_none_or(|s| s.eligible));
-                    drop(applied);
-                    locked(&p.stock).fill(grants, tokio::time::Instant::now(), generation);
-                }
-                Ok(out)
-            }
-            Err(f) => {
-                if stocking {
-                    locked(&p.stock).refill_failed();
-                }
-                Err(f)
-            }
-        }
-    }
-
-    /// A grant from the stock, when the pool keeps one and it holds a fresh grant; posts a
-    /// refill when half of it is used.
-    fn from_stock(self: &Arc<Self>, p: &Arc<PoolLocal>) -> Option<Grant> {
-        let (got, refill) = {
-            let mut stock = locked(&p.stock);
-            let got = stock.take(tokio::time::Instant::now());
-            (got, stock.start_refill())
-        };
-        if refill {
-            p.acquires
-                .post(AcquireItem::Refill, || acquire_sender(self, p));
-        }
-        let upstream = got?;
-        locked(&p.held).take(&upstream);
-        Some(Grant {
-            upstream,
-            lease: new_lease(true),
-            bound_now: false,
-        })
-    }
-
-    /// One acquire in Redis (or in the local view while degraded).
-    async fn acquire_remote(
-        self: &Arc<Self>,
-        pool: &str,
-        p: &Arc<PoolLocal>,
-        want: Want<'_>,
-    ) -> Result<Acquired, StoreError> {
-        let inner = self;
-        if inner.is_degraded() {
-            return inner.fallback_acquire(pool, want).await;
-        }
-        let unlisted = takes_unlisted_leases(&p.spec.load());
-        if unlisted && matches!(want, Want::Any { exclude: [] }) {
-            if let Some(grant) = inner.from_stock(p) {
-                return Ok(Acquired::Granted(grant));
-            }
-        }
-        let mut restored = false;
-
-        loop {
-            let lease = new_lease(unlisted);
-            let answer = match want {
-                Want::Any { exclude: [] } => {
-                    p.acquires
-                        .send(AcquireItem::Lease(lease), || acquire_sender(inner, p))
-                        .await
-                }
-                _ => inner.acquire_one(p, lease, want).await,
-            };
-            let reply = match answer {
-                Ok(reply) => reply,
-                Err(Fault::Down(why)) => {
-                    // The acquire may still run once Redis gets to it: cancel its lease then.
-                    inner.replay_quietly(pool, [lease], &why);
-                    return inner.fallback_acquire(pool, want).await;
-                }
-                Err(Fault::Broken(why)) => return Err(broken(why)),
-            };
-            return Ok(match reply {
-                AcquireReply::Granted {
-                    upstream,
-                    bound_now,
-                } => {
-                    let upstream = UpstreamId::new(upstream);
-                    if lease.0 & UNLISTED_LEASE != 0 {
-                        locked(&p.held).take(&upstream);
-                    }
-                    Acquired::Granted(Grant {
-                        upstream,
-                        lease,
-                        bound_now,
-                    })
-                }
-                AcquireReply::AtCapacity {
-                    earliest_deadline_ms,
-                } => {
-                    if let Some(at) = earliest_deadline_ms {
-                        inner.schedule_wake(p, at);
-                    }
-                    Acquired::AtCapacity
-                }
-                AcquireReply::Unavailable(upstream) => {
-                    Acquired::SessionUnavailable(UpstreamId::new(upstream))
-                }
-                AcquireReply::NoCandidates => Acquired::NoCandidates,
-                AcquireReply::Unconfigured if !restored => {
-                    restored = true;
-                    match inner.restore_pool(p).await {
-                        Ok(()) => continue,
-                        Err(Fault::Down(why)) => {
-                            inner.degrade(&why);
-                            return inner.fallback_acquire(pool, want).await;
-                        }
-                        Err(Fault::Broken(why)) => return Err(broken(why)),
-                    }
-                }
-                AcquireReply::Unconfigured => {
-                    return Err(broken("the pool's state is missing after declaring it"));
-                }
-            });
-        }
-    }
-
-    async fn fallback_acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
-        Ok(match self.fallback.acquire(pool, want).await? {
-            Acquired::Granted(g) => Acquired::Granted(Grant {
-                lease: LeaseId(g.lease.0 | FALLBACK_LEASE),
-                ..g
-            }),
-            other => other,
-        })
-    }
-
-    /// After a refused decision: what Redis holds for `upstream` becomes the local view, as if
-    /// its event had come now. It is on its way all the same, but may have been applied before
-    /// the refused decision was, which the local view then still shows.
-    async fn adopt_member_setting(&self, p: &PoolLocal, pool: &str, upstream: &UpstreamId) {
-        let read: Result<Option<String>, Fault> = self
-            .query(redis::cmd("HGET").arg(&p.keys.state).arg(upstream.as_str()))
-            .await;
-        match read.map(|v| v.as_deref().and_then(member_setting)) {
-            Ok(Some(state)) => {
-                self.member_changed_elsewhere(pool, upstream.clone(), state)
-                    .await
-            }
-            Ok(None) => {}
-            Err(f) => {
-                tracing::debug!(pool, upstream = %upstream, error = ?f, "member setting not read back")
-            }
-        }
-    }
-
-    /// Applies a member change another instance published: to the local view, and to the
-    /// subscribers of [`Store::subscribe_member_changes`].
-    async fn member_changed_elsewhere(&self, pool: &str, upstream: UpstreamId, state: MemberState) {
-        tracing::info!(
-            pool, upstream = %upstream, eligible = state.eligible,
-            keeps_sessions = state.keeps_sessions, cost = state.cost,
-            "member setting from another instance"
-        );
-        if let Err(e) = self.fallback.set_member(pool, &upstream, state).await {
-            tracing::debug!(pool, error = %e, "member change for a pool this instance does not serve");
-            return;
-        }
-        // Nobody listening is fine.
-        let _ = self.changes.send(MemberChange {
-            pool: pool.to_string(),
-            upstream,
-            state,
-        });
-    }
 }
 
 impl Store for RedisStore {
     async fn configure(&self, spec: PoolSpec) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        inner.fallback.configure(spec.clone()).await?;
-        let p = {
-            let mut pools = inner.pools.write().unwrap_or_else(|e| e.into_inner());
-            match pools.get(&spec.name) {
-                Some(p) => {
-                    p.spec.store(Arc::new(spec.clone()));
-                    locked(&p.stock).clear();
-                    p.clone()
-                }
-                None => {
-                    let p = Arc::new(PoolLocal {
-                        keys: PoolKeys::new(&inner.prefix, &spec.name),
-                        spec: ArcSwap::from_pointee(spec.clone()),
-                        notify: Arc::new(Notify::new()),
-                        applied: Mutex::default(),
-                        restoring: tokio::sync::Mutex::new(None),
-                        wake_at: Mutex::new(None),
-                        epoch: AtomicU64::new(0),
-                        full: AtomicBool::new(false),
-                        probe: tokio::sync::Mutex::new(None),
-                        acquires: Arc::new(Batcher::new(
-                            ACQUIRE_BATCH,
-                            ACQUIRE_CALLS,
-                            inner.calls.clone(),
-                        )),
-                        releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, inner.calls.clone())),
-                        stats: Mutex::default(),
-                        held: Mutex::default(),
-                        stock: Mutex::default(),
-                    });
-                    pools.insert(spec.name.clone(), p.clone());
-                    p
-                }
-            }
-        };
-        inner.channels.send_modify(|c| {
-            c.insert(p.keys.events.clone());
-        });
-        if inner.is_degraded() {
-            // The recovery declares every pool.
-            return Ok(());
-        }
-        let declared = match inner.name_connection().await {
-            Ok(()) => inner.configure_remote(&p).await,
-            Err(f) => Err(f),
-        };
-        match declared {
-            Ok(fresh) => {
-                if fresh {
-                    tracing::info!(pool = %spec.name, store = %inner.redacted, "pool declared in redis");
-                }
-                // Hear the pool's events before serving it (bounded: events are a latency
-                // optimisation, never a reason not to serve).
-                let mut subscribed = inner.subscribed.subscribe();
-                let heard = tokio::time::timeout(
-                    inner.timeout.max(Duration::from_secs(1)),
-                    subscribed.wait_for(|s| s.contains(&p.keys.events)),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok());
-                if !heard {
-                    tracing::warn!(pool = %spec.name, "not yet subscribed to the pool's redis events");
-                }
-                p.wake();
-                Ok(())
-            }
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Ok(())
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.configure(spec).await
     }
 
-    /// Plain requests waiting for capacity are woken all at once by every release (as with the
-    /// memory store), and each would cost a round trip. So while the pool is known to be full,
-    /// plain acquires (no session, nothing excluded) go to Redis one at a time, and one that
-    /// arrived no later than the last answer "full" was asked takes that answer without asking
-    /// again: nothing that frees capacity happened since (every such thing moves the epoch).
-    /// A burst of waiters then costs about two round trips per release, not one per waiter.
     async fn acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        let plain = matches!(want, Want::Any { exclude } if exclude.is_empty());
-        if !plain || !p.full.load(Ordering::SeqCst) || !inner.hears_events(&p) {
-            let r = inner.acquire_remote(pool, &p, want).await;
-            if plain {
-                p.full
-                    .store(matches!(r, Ok(Acquired::AtCapacity)), Ordering::SeqCst);
-            }
-            return r;
-        }
-        let arrival = p.epoch.load(Ordering::SeqCst);
-        let mut last = p.probe.lock().await;
-        if let Some((sent, true)) = *last {
-            if sent >= arrival && inner.hears_events(&p) {
-                return Ok(Acquired::AtCapacity);
-            }
-        }
-        let sent = p.epoch.load(Ordering::SeqCst);
-        let r = inner.acquire_remote(pool, &p, want).await;
-        let full = matches!(r, Ok(Acquired::AtCapacity));
-        *last = Some((sent, full));
-        p.full.store(full, Ordering::SeqCst);
-        r
+        self.inner.acquire(pool, want).await
     }
 
     async fn release(
@@ -1707,16 +379,9 @@ impl Store for RedisStore {
         outcome: Outcome,
         latency: Duration,
     ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let Some((p, r)) = self.to_send(pool, upstream, lease, outcome, latency)? else {
-            return Ok(());
-        };
-        if let Err(Fault::Down(why)) = p.releases.send(r, || release_sender(inner, pool, &p)).await
-        {
-            // The call carrying it was abandoned; it may have run all the same.
-            inner.replay_quietly(pool, [lease], &why);
-        }
-        Ok(())
+        self.inner
+            .release(pool, upstream, lease, outcome, latency)
+            .await
     }
 
     async fn extend(
@@ -1725,34 +390,7 @@ impl Store for RedisStore {
         upstream: &UpstreamId,
         lease: LeaseId,
     ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        if lease.0 & FALLBACK_LEASE != 0 {
-            return inner
-                .fallback
-                .extend(pool, upstream, LeaseId(lease.0 & !FALLBACK_LEASE))
-                .await;
-        }
-        // An unlisted lease lives as long as this instance's reports do.
-        if inner.is_degraded() || lease.0 & UNLISTED_LEASE != 0 {
-            return Ok(());
-        }
-        // One command, atomic on its own: only a lease still listed gets the new deadline.
-        let deadline = now_ms() + millis(p.spec.load().lease_ttl);
-        let cmd = redis::cmd("ZADD")
-            .arg(&p.keys.leases)
-            .arg("XX")
-            .arg(deadline)
-            .arg(lease.0)
-            .clone();
-        match inner.query::<i64>(&cmd).await {
-            Ok(_) => Ok(()),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Ok(())
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.extend(pool, upstream, lease).await
     }
 
     async fn set_member(
@@ -1761,59 +399,7 @@ impl Store for RedisStore {
         upstream: &UpstreamId,
         state: MemberState,
     ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        // In this order: a refill that lands after the clear finds the new setting.
-        locked(&p.applied).insert(upstream.clone(), state);
-        locked(&p.stock).clear();
-        let believed = inner.fallback.member_state(pool, upstream);
-        inner.fallback.set_member(pool, upstream, state).await?;
-        let deferred = || Deferred::Member {
-            pool: pool.to_string(),
-            upstream: upstream.clone(),
-            state,
-        };
-        if inner.defer_if_degraded(deferred) {
-            p.wake();
-            return Ok(());
-        }
-        let mut restored = false;
-        loop {
-            match inner.set_member_remote(&p, upstream, state, believed).await {
-                Ok(-1) if !restored => {
-                    restored = true;
-                    // Restoring re-applies this setting with the others.
-                    match inner.restore_pool(&p).await {
-                        Ok(()) => continue,
-                        Err(Fault::Down(why)) => {
-                            inner.defer_and_degrade(deferred(), &why);
-                            return Ok(());
-                        }
-                        Err(Fault::Broken(why)) => return Err(broken(why)),
-                    }
-                }
-                Ok(2) => {
-                    locked(&p.applied).remove(upstream);
-                    tracing::info!(
-                        pool, upstream = %upstream, eligible = state.eligible, cost = state.cost,
-                        "health decision not applied: another instance moved the member out of service first"
-                    );
-                    inner.adopt_member_setting(&p, pool, upstream).await;
-                    return Ok(());
-                }
-                Ok(changed) => {
-                    if changed == 1 {
-                        p.wake();
-                    }
-                    return Ok(());
-                }
-                Err(Fault::Down(why)) => {
-                    inner.defer_and_degrade(deferred(), &why);
-                    return Ok(());
-                }
-                Err(Fault::Broken(why)) => return Err(broken(why)),
-            }
-        }
+        self.inner.set_member(pool, upstream, state).await
     }
 
     async fn record(
@@ -1823,25 +409,7 @@ impl Store for RedisStore {
         outcome: Outcome,
         latency: Duration,
     ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        if inner.is_degraded() {
-            return inner
-                .fallback
-                .record(pool, upstream, outcome, latency)
-                .await;
-        }
-        match inner.record_remote(&p, upstream, outcome, latency).await {
-            Ok(()) => Ok(()),
-            // Statistics are best effort: a lost count is not worth failing anyone for.
-            Err(Fault::Down(why) | Fault::Broken(why)) => {
-                tracing::debug!(pool, error = %why, "could not record an outcome in redis");
-                inner
-                    .fallback
-                    .record(pool, upstream, outcome, latency)
-                    .await
-            }
-        }
+        self.inner.record(pool, upstream, outcome, latency).await
     }
 
     async fn session_upstream(
@@ -1849,48 +417,15 @@ impl Store for RedisStore {
         pool: &str,
         key: &str,
     ) -> Result<Option<UpstreamId>, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        if inner.is_degraded() {
-            return inner.fallback.session_upstream(pool, key).await;
-        }
-        match inner.session_upstream_remote(&p, key).await {
-            Ok(v) => Ok(v),
-            Err(Fault::Down(why) | Fault::Broken(why)) => Err(StoreError::Unavailable(why)),
-        }
+        self.inner.session_upstream(pool, key).await
     }
 
     async fn end_session(&self, pool: &str, key: &str) -> Result<bool, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        let local = inner.fallback.end_session(pool, key).await?;
-        match inner.end_session_remote(&p, key).await {
-            Ok(remote) => Ok(remote || local),
-            // An operator's action is not deferred: say the store is unavailable.
-            Err(Fault::Down(why) | Fault::Broken(why)) => Err(StoreError::Unavailable(why)),
-        }
+        self.inner.end_session(pool, key).await
     }
 
     async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        inner.fallback.unbind(pool, key, upstream).await?;
-        let deferred = || Deferred::Unbind {
-            pool: pool.to_string(),
-            key: key.to_string(),
-            upstream: upstream.clone(),
-        };
-        if inner.defer_if_degraded(deferred) {
-            return Ok(());
-        }
-        match inner.unbind_remote(&p, key, upstream).await {
-            Ok(()) => Ok(()),
-            Err(Fault::Down(why)) => {
-                inner.defer_and_degrade(deferred(), &why);
-                Ok(())
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.unbind(pool, key, upstream).await
     }
 
     fn release_signal(&self, pool: &str) -> Arc<Notify> {
@@ -1901,36 +436,7 @@ impl Store for RedisStore {
     }
 
     async fn status(&self, pool: &str) -> Result<PoolStatus, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        if inner.is_degraded() {
-            return inner.fallback.status(pool).await;
-        }
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::STATUS, 8);
-        inv.key(&k.state)
-            .key(&k.members)
-            .key(&k.leases)
-            .key(&k.lease_up)
-            .key(&k.stats)
-            .key(&k.sessions)
-            .key(&k.instances)
-            .key(&k.held)
-            .arg(now_ms())
-            .arg(&inner.instance);
-        match inner.eval::<StatusReply>(&inv, inner.timeout).await {
-            Ok(reply) => Ok(status_from(
-                &p.spec.load(),
-                reply,
-                &locked(&p.stats),
-                &locked(&p.held),
-            )),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                inner.fallback.status(pool).await
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.status(pool).await
     }
 
     fn kind(&self) -> &'static str {
@@ -1946,12 +452,7 @@ impl Store for RedisStore {
     }
 
     async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<LockToken>, StoreError> {
-        let token = LockToken::random();
-        let mut inv = Call::new(&scripts::LOCK_ACQUIRE, 1);
-        inv.key(&lock_key(&self.inner.prefix, name))
-            .arg(token.as_str())
-            .arg(millis(ttl));
-        Ok(self.lock_call(&inv).await?.then_some(token))
+        self.inner.lock(name, ttl).await
     }
 
     async fn extend_lock(
@@ -1960,52 +461,19 @@ impl Store for RedisStore {
         token: &LockToken,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let mut inv = Call::new(&scripts::LOCK_EXTEND, 1);
-        inv.key(&lock_key(&self.inner.prefix, name))
-            .arg(token.as_str())
-            .arg(millis(ttl));
-        self.lock_call(&inv).await
+        self.inner.extend_lock(name, token, ttl).await
     }
 
     async fn unlock(&self, name: &str, token: &LockToken) -> Result<bool, StoreError> {
-        let mut inv = Call::new(&scripts::LOCK_RELEASE, 1);
-        inv.key(&lock_key(&self.inner.prefix, name))
-            .arg(token.as_str());
-        self.lock_call(&inv).await
+        self.inner.unlock(name, token).await
     }
 
     async fn put_listed(&self, pool: &str, list: &str) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        let mut inv = Call::new(&scripts::LISTED_PUT, 1);
-        inv.key(&p.keys.listed)
-            .arg(list)
-            .arg(&p.keys.events)
-            .arg(&inner.instance);
-        match inner.eval::<i64>(&inv, inner.timeout).await {
-            Ok(_) => Ok(()),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.put_listed(pool, list).await
     }
 
     async fn listed(&self, pool: &str) -> Result<Option<String>, StoreError> {
-        let inner = &self.inner;
-        let p = inner.pool(pool)?;
-        match inner
-            .query::<Option<String>>(redis::cmd("GET").arg(&p.keys.listed))
-            .await
-        {
-            Ok(v) => Ok(v),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
+        self.inner.listed(pool).await
     }
 
     fn subscribe_listed_changes(&self) -> broadcast::Receiver<String> {
@@ -2014,153 +482,5 @@ impl Store for RedisStore {
 
     fn subscribe_member_changes(&self) -> broadcast::Receiver<MemberChange> {
         self.inner.changes.subscribe()
-    }
-}
-
-impl RedisStore {
-    /// Runs a lock script. Locks are never served from the local view: exclusion across
-    /// instances cannot be promised without Redis, so a degraded store answers an error.
-    async fn lock_call(&self, inv: &Call) -> Result<bool, StoreError> {
-        let inner = &self.inner;
-        if inner.is_degraded() {
-            return Err(StoreError::Unavailable(
-                "redis unreachable: locks are not available while degraded".into(),
-            ));
-        }
-        match inner.eval::<i64>(inv, inner.timeout).await {
-            Ok(n) => Ok(n == 1),
-            Err(Fault::Down(why)) => {
-                inner.degrade(&why);
-                Err(StoreError::Unavailable(format!("redis unreachable: {why}")))
-            }
-            Err(Fault::Broken(why)) => Err(broken(why)),
-        }
-    }
-}
-
-/// `status.lua`'s snapshot: live sessions, states, scores, the upstream of each listed lease,
-/// statistics, and other instances' reports of unlisted leases.
-type StatusReply = (
-    u64,
-    Vec<String>,
-    Vec<String>,
-    Vec<String>,
-    Vec<String>,
-    Vec<String>,
-);
-
-/// Assembles `/status` figures from `status.lua`'s snapshot, in the configured member order, with
-/// what this instance has not sent yet: statistics and its own unlisted leases.
-fn status_from(
-    spec: &PoolSpec,
-    (sessions_live, state, members, live, stats, reports): StatusReply,
-    unsent: &stats::Pending,
-    held: &held::Held,
-) -> PoolStatus {
-    let pairs = |flat: Vec<String>| -> Vec<(String, String)> {
-        let mut it = flat.into_iter();
-        let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            out.push((k, v));
-        }
-        out
-    };
-    let scores: HashMap<String, f64> = pairs(members)
-        .into_iter()
-        .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
-        .collect();
-    // The saved score (field 4 of `e|k|c|s|r`) of members not eligible.
-    let saved: HashMap<String, f64> = pairs(state)
-        .into_iter()
-        .filter_map(|(k, v)| Some((k, v.split('|').nth(3)?.parse().ok()?)))
-        .collect();
-    let mut live_by: HashMap<String, u64> = HashMap::new();
-    for up in live {
-        *live_by.entry(up).or_default() += 1;
-    }
-    for lines in &reports {
-        held::add_lines(lines, &mut live_by);
-    }
-    let mut counters: HashMap<String, HashMap<String, u64>> = HashMap::new();
-    for (field, v) in pairs(stats) {
-        if let (Some((up, name)), Ok(n)) = (field.rsplit_once('\n'), v.parse::<u64>()) {
-            counters
-                .entry(up.to_string())
-                .or_default()
-                .insert(name.to_string(), n);
-        }
-    }
-    unsent.add_to(&mut counters);
-    let members = spec
-        .members
-        .iter()
-        .map(|id| {
-            let c = counters.get(id.as_str());
-            let get = |name: &str| c.and_then(|c| c.get(name)).copied().unwrap_or(0);
-            let mut outcomes = [0u64; Outcome::ALL.len()];
-            for o in Outcome::ALL {
-                outcomes[o.index()] = get(o.key());
-            }
-            let allocations = scores
-                .get(id.as_str())
-                .or_else(|| saved.get(id.as_str()))
-                .copied()
-                .unwrap_or(0.0) as u64;
-            super::member_status(
-                id,
-                live_by.get(id.as_str()).copied().unwrap_or(0) + held.of(id.as_str()),
-                allocations,
-                &outcomes,
-                Duration::from_micros(get("latency_us")),
-                get("latency_n"),
-            )
-        })
-        .collect();
-    PoolStatus {
-        sessions_live,
-        members,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Each waiting lease gets its own line in order, a refill item gets a placeholder and no
-    /// line, and the lines after the waiting ones are the stock's grants.
-    #[test]
-    fn replies_go_to_their_leases_and_the_rest_to_the_stock() {
-        let items = [
-            AcquireItem::Lease(LeaseId(1)),
-            AcquireItem::Refill,
-            AcquireItem::Lease(LeaseId(2)),
-        ];
-        let lines = [
-            "granted 0 http://a",
-            "granted 0 http://b",
-            "granted 0 http://c",
-            "none",
-        ];
-        let (out, grants) =
-            split_replies(&items, 4, lines.iter().map(|l| l.to_string()).collect()).unwrap();
-        let granted = |u: &str| AcquireReply::Granted {
-            upstream: u.into(),
-            bound_now: false,
-        };
-        assert_eq!(
-            out,
-            [
-                granted("http://a"),
-                AcquireReply::NoCandidates,
-                granted("http://b")
-            ]
-        );
-        assert_eq!(
-            grants,
-            [UpstreamId::new("http://c")],
-            "a line without a grant is skipped"
-        );
-        let short = split_replies(&items, 4, vec!["granted 0 http://a".into()]);
-        assert!(matches!(short, Err(Fault::Broken(_))));
     }
 }

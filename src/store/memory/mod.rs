@@ -2,9 +2,11 @@
 //!
 //! Each operation takes its pool's lock once, does its whole read-decide-write step and lets go;
 //! nothing awaits while holding it. Time comes from `tokio::time::Instant`, so tests drive lease
-//! and session expiry with a paused clock.
+//! and session expiry with a paused clock. The decisions themselves are `pool_state.rs`'s.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod pool_state;
+
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -12,16 +14,13 @@ use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
 use super::{
-    Acquired, Grant, HEALTH_OK, LeaseId, LockToken, MemberChange, MemberState, PoolSpec,
-    PoolStatus, Store, StoreError, Want,
+    Acquired, HEALTH_OK, LeaseId, LockToken, MemberChange, MemberState, PoolSpec, PoolStatus,
+    Store, StoreError, Want,
 };
-use crate::config::Strategy;
 use crate::fast_map::FastMap;
 use crate::health::Outcome;
 use crate::upstream::UpstreamId;
-
-/// How often expired session bindings are swept out, at most.
-const SESSION_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+use pool_state::PoolState;
 
 pub struct MemoryStore {
     pools: RwLock<FastMap<String, Arc<PoolEntry>>>,
@@ -81,382 +80,6 @@ impl PoolEntry {
     }
 }
 
-struct PoolState {
-    spec: PoolSpec,
-    members: FastMap<UpstreamId, Member>,
-    /// Members in service ordered by allocation count: the least-used pick is the first
-    /// eligible entry.
-    by_allocs: BTreeSet<(u64, UpstreamId)>,
-    /// Members in service by [`Member::load_key`], kept only for `least-connections`: its pick
-    /// is the first entry not at its cap, found without scanning the pool.
-    by_load: BTreeSet<(u64, u64, u32)>,
-    /// Every live lease by deadline, so that expiry is exact (a member's live leases are the
-    /// ones it holds) and the earliest deadline is found without scanning the pool.
-    deadlines: BTreeMap<(Instant, u64), UpstreamId>,
-    rr_next: usize,
-    sessions: HashMap<String, Binding>,
-    next_lease: u64,
-    last_sweep: Instant,
-}
-
-struct Member {
-    /// Cumulative allocation cost (not in-flight work).
-    allocs: u64,
-    state: MemberState,
-    /// Round-robin turns passed over, for members of cost > 1.
-    rr_credit: u32,
-    /// Live leases and their deadlines (each also in [`PoolState::deadlines`]).
-    leases: FastMap<u64, Instant>,
-    /// Still a member; a removed one lingers only until its last lease ends.
-    in_pool: bool,
-    /// Position in the configured member list: the last tie-break of `least-connections`.
-    pos: u32,
-    outcomes: [u64; Outcome::ALL.len()],
-    latency_total: Duration,
-    latency_count: u64,
-}
-
-impl Default for Member {
-    fn default() -> Self {
-        Member {
-            allocs: 0,
-            state: MemberState::IN_SERVICE,
-            rr_credit: 0,
-            leases: FastMap::default(),
-            in_pool: false,
-            pos: 0,
-            outcomes: [0; Outcome::ALL.len()],
-            latency_total: Duration::ZERO,
-            latency_count: 0,
-        }
-    }
-}
-
-struct Binding {
-    upstream: UpstreamId,
-    expires: Instant,
-}
-
-impl Member {
-    /// New work may go to it.
-    fn listed(&self) -> bool {
-        self.in_pool && self.state.eligible
-    }
-
-    /// `least-connections` order: fewest live leases × cost, then fewest allocations, then
-    /// configured order.
-    fn load_key(&self) -> (u64, u64, u32) {
-        (
-            self.leases.len() as u64 * u64::from(self.state.cost.max(1)),
-            self.allocs,
-            self.pos,
-        )
-    }
-}
-
-impl PoolState {
-    fn tracks_load(&self) -> bool {
-        self.spec.strategy == Strategy::LeastConnections
-    }
-
-    /// Changes member `id` with `change`, keeping the ordered indexes in step with it.
-    fn update<T>(&mut self, id: &UpstreamId, change: impl FnOnce(&mut Member) -> T) -> Option<T> {
-        let tracks_load = self.tracks_load();
-        let m = self.members.get_mut(id)?;
-        let before = (m.listed(), m.allocs, m.load_key());
-        let out = change(m);
-        let after = (m.listed(), m.allocs, m.load_key());
-        if before.0 != after.0 || before.1 != after.1 {
-            if before.0 {
-                self.by_allocs.remove(&(before.1, id.clone()));
-            }
-            if after.0 {
-                self.by_allocs.insert((after.1, id.clone()));
-            }
-        }
-        if tracks_load && before != after {
-            if before.0 {
-                self.by_load.remove(&before.2);
-            }
-            if after.0 {
-                self.by_load.insert(after.2);
-            }
-        }
-        Some(out)
-    }
-
-    /// Ends the leases whose deadline has passed: capacity held by a lease nobody released
-    /// (its gateway task died) comes back by itself.
-    fn expire(&mut self, now: Instant) {
-        while let Some(entry) = self.deadlines.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let ((_, lease), id) = entry.remove_entry();
-            let gone = self.update(&id, |m| {
-                m.leases.remove(&lease);
-                !m.in_pool && m.leases.is_empty()
-            });
-            if gone == Some(true) {
-                self.members.remove(&id);
-            }
-        }
-    }
-
-    /// Counts one exchange's outcome and latency in `upstream`'s statistics.
-    fn count(&mut self, upstream: &UpstreamId, outcome: Outcome, latency: Duration) {
-        if let Some(m) = self.members.get_mut(upstream) {
-            m.outcomes[outcome.index()] += 1;
-            m.latency_total += latency;
-            m.latency_count += 1;
-        }
-    }
-
-    /// Ends one lease; true when its member was removed from the pool and this was its last.
-    fn end_lease(&mut self, id: &UpstreamId, lease: u64) -> bool {
-        let ended = self.update(id, |m| m.leases.remove(&lease));
-        if let Some(Some(deadline)) = ended {
-            self.deadlines.remove(&(deadline, lease));
-        }
-        self.members
-            .get(id)
-            .is_some_and(|m| !m.in_pool && m.leases.is_empty())
-    }
-
-    fn at_cap(&self, id: &UpstreamId) -> bool {
-        let cap = self.spec.max_concurrency;
-        match self.members.get(id) {
-            Some(m) => cap.is_some_and(|cap| m.leases.len() >= cap as usize),
-            None => true,
-        }
-    }
-
-    /// A member new work may go to.
-    fn eligible(&self, id: &UpstreamId) -> bool {
-        self.members.get(id).is_some_and(Member::listed)
-    }
-
-    /// A member its existing sessions may keep using.
-    fn keeps_sessions(&self, id: &UpstreamId) -> bool {
-        self.members
-            .get(id)
-            .is_some_and(|m| m.in_pool && m.state.keeps_sessions)
-    }
-
-    /// Leases `id`, counting the allocation.
-    fn grant(&mut self, id: &UpstreamId, now: Instant, bound_now: bool) -> Acquired {
-        let lease = self.next_lease;
-        self.next_lease += 1;
-        let deadline = now + self.spec.lease_ttl;
-        let held = self.update(id, |m| {
-            m.allocs += u64::from(m.state.cost.max(1));
-            m.leases.insert(lease, deadline);
-        });
-        if held.is_some() {
-            self.deadlines.insert((deadline, lease), id.clone());
-        }
-        Acquired::Granted(Grant {
-            upstream: id.clone(),
-            lease: LeaseId(lease),
-            bound_now,
-        })
-    }
-
-    /// Expired leases must have been ended first ([`PoolState::expire`]).
-    fn acquire_any(&mut self, exclude: &[UpstreamId], now: Instant) -> Acquired {
-        let mut saw_candidate = false;
-        let cap = self.spec.max_concurrency;
-        let under_cap = |m: &Member| cap.is_none_or(|c| m.leases.len() < c as usize);
-        let pick = match self.spec.strategy {
-            // The first entries of the ordered indexes: O(log n), plus one step per member
-            // passed over (excluded, or at its cap).
-            Strategy::LeastUsed | Strategy::Weighted => {
-                let mut pick = None;
-                for (_, id) in &self.by_allocs {
-                    if exclude.contains(id) {
-                        continue;
-                    }
-                    let Some(m) = self.members.get(id) else {
-                        continue;
-                    };
-                    saw_candidate = true;
-                    if under_cap(m) {
-                        pick = Some(id.clone());
-                        break;
-                    }
-                }
-                pick
-            }
-            Strategy::LeastConnections => {
-                let mut pick = None;
-                for &(_, _, pos) in &self.by_load {
-                    let Some(id) = self.spec.members.get(pos as usize) else {
-                        continue;
-                    };
-                    if exclude.contains(id) {
-                        continue;
-                    }
-                    let Some(m) = self.members.get(id) else {
-                        continue;
-                    };
-                    saw_candidate = true;
-                    if under_cap(m) {
-                        pick = Some(id.clone());
-                        break;
-                    }
-                }
-                pick
-            }
-            Strategy::RoundRobin => {
-                let n = self.spec.members.len();
-                let mut pick = None;
-                for step in 0..n {
-                    let idx = (self.rr_next + step) % n;
-                    let id = &self.spec.members[idx];
-                    if exclude.contains(id) || !self.eligible(id) {
-                        continue;
-                    }
-                    saw_candidate = true;
-                    if self.at_cap(id) {
-                        continue;
-                    }
-                    // A member of cost c takes one turn in c.
-                    if let Some(m) = self.members.get_mut(id) {
-                        if m.rr_credit + 1 < m.state.cost {
-                            m.rr_credit += 1;
-                            continue;
-                        }
-                        m.rr_credit = 0;
-                    }
-                    self.rr_next = (idx + 1) % n;
-                    pick = Some(id.clone());
-                    break;
-                }
-                pick
-            }
-        };
-        match pick {
-            Some(id) => self.grant(&id, now, false),
-            None if saw_candidate => Acquired::AtCapacity,
-            None => Acquired::NoCandidates,
-        }
-    }
-
-    fn acquire_session(
-        &mut self,
-        key: &str,
-        ttl: Duration,
-        preferred: &[UpstreamId],
-        rebind: bool,
-        now: Instant,
-    ) -> Acquired {
-        self.sweep_sessions(now);
-        let bound = self
-            .sessions
-            .get(key)
-            .filter(|b| b.expires > now)
-            .map(|b| b.upstream.clone());
-        if let Some(up) = bound {
-            if self.keeps_sessions(&up) {
-                if self.at_cap(&up) {
-                    return Acquired::AtCapacity;
-                }
-                if let Some(b) = self.sessions.get_mut(key) {
-                    b.expires = now + ttl;
-                }
-                return self.grant(&up, now, false);
-            }
-            if !rebind {
-                return Acquired::SessionUnavailable(up);
-            }
-            self.sessions.remove(key);
-        }
-        // A new binding goes to the first member in service that has room: one at its cap is no
-        // candidate (the session would wait for it while others are free).
-        let mut any_eligible = false;
-        let Some(first) = preferred
-            .iter()
-            .filter(|id| self.eligible(id))
-            .find(|id| {
-                any_eligible = true;
-                !self.at_cap(id)
-            })
-            .cloned()
-        else {
-            return if any_eligible {
-                Acquired::AtCapacity
-            } else {
-                Acquired::NoCandidates
-            };
-        };
-        self.sessions.insert(
-            key.to_string(),
-            Binding {
-                upstream: first.clone(),
-                expires: now + ttl,
-            },
-        );
-        self.grant(&first, now, true)
-    }
-
-    fn set_member(&mut self, id: &UpstreamId, state: MemberState) {
-        let floor = self.by_allocs.first().map_or(0, |(a, _)| *a);
-        self.update(id, |m| {
-            let was_listed = m.listed();
-            m.state = state;
-            m.rr_credit = 0;
-            if !was_listed && m.listed() {
-                // A returning member is not flooded: it starts at the current minimum.
-                m.allocs = m.allocs.max(floor);
-            }
-        });
-    }
-
-    fn sweep_sessions(&mut self, now: Instant) {
-        if now.duration_since(self.last_sweep) >= SESSION_SWEEP_INTERVAL {
-            self.sessions.retain(|_, b| b.expires > now);
-            self.last_sweep = now;
-        }
-    }
-
-    fn reconfigure(&mut self, spec: PoolSpec) {
-        // A joining member starts at the current minimum so it is not flooded by least-used.
-        let floor = self.by_allocs.first().map_or(0, |(a, _)| *a);
-        for m in self.members.values_mut() {
-            m.in_pool = false;
-        }
-        for (pos, id) in spec.members.iter().enumerate() {
-            let m = self.members.entry(id.clone()).or_insert_with(|| Member {
-                allocs: floor,
-                ..Member::default()
-            });
-            if !m.in_pool {
-                m.in_pool = true;
-                m.pos = pos as u32;
-            }
-        }
-        self.members
-            .retain(|_, m| m.in_pool || !m.leases.is_empty());
-        self.rr_next = 0;
-        self.spec = spec;
-        self.by_allocs = self
-            .members
-            .iter()
-            .filter(|(_, m)| m.listed())
-            .map(|(id, m)| (m.allocs, id.clone()))
-            .collect();
-        self.by_load = if self.tracks_load() {
-            self.members
-                .values()
-                .filter(|m| m.listed())
-                .map(Member::load_key)
-                .collect()
-        } else {
-            BTreeSet::new()
-        };
-    }
-}
-
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
@@ -475,11 +98,8 @@ impl MemoryStore {
         let entry = self.entry(pool)?;
         let capped = {
             let mut state = lock(&entry);
-            state.count(upstream, outcome, latency);
-            if state.end_lease(upstream, lease.0) {
-                state.members.remove(upstream);
-            }
-            state.spec.max_concurrency.is_some()
+            state.release(upstream, lease, outcome, latency);
+            state.capped()
         };
         // Only a pool with a cap has requests waiting for a release (`Acquired::AtCapacity`);
         // waking nobody still takes the signal's lock, on every request's path.
@@ -494,12 +114,7 @@ impl MemoryStore {
     /// decides a change.
     pub fn member_state(&self, pool: &str, upstream: &UpstreamId) -> Option<MemberState> {
         let entry = self.entry(pool).ok()?;
-        let state = lock(&entry);
-        state
-            .members
-            .get(upstream)
-            .filter(|m| m.in_pool)
-            .map(|m| m.state)
+        lock(&entry).member_state(upstream)
     }
 
     fn entry(&self, pool: &str) -> Result<Arc<PoolEntry>, StoreError> {
@@ -524,23 +139,10 @@ impl Store for MemoryStore {
             entry.released.notify_waiters();
             return Ok(());
         }
-        let mut state = PoolState {
-            spec: PoolSpec {
-                members: Vec::new(),
-                ..spec.clone()
-            },
-            members: FastMap::default(),
-            by_allocs: BTreeSet::new(),
-            by_load: BTreeSet::new(),
-            deadlines: BTreeMap::new(),
-            rr_next: 0,
-            sessions: HashMap::new(),
-            next_lease: 1,
-            last_sweep: Instant::now(),
-        };
-        state.reconfigure(spec.clone());
+        let name = spec.name.clone();
+        let state = PoolState::new(spec, Instant::now());
         pools.insert(
-            spec.name,
+            name,
             Arc::new(PoolEntry {
                 state: Mutex::new(state),
                 released: Arc::new(Notify::new()),
@@ -555,18 +157,9 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let (acquired, earliest) = {
             let mut state = lock(&entry);
-            state.expire(now);
-            let acquired = match want {
-                Want::Any { exclude } => state.acquire_any(exclude, now),
-                Want::Session {
-                    key,
-                    ttl,
-                    preferred,
-                    rebind,
-                } => state.acquire_session(key, ttl, preferred, rebind, now),
-            };
+            let acquired = state.acquire(want, now);
             let earliest = (acquired == Acquired::AtCapacity)
-                .then(|| state.deadlines.first_key_value().map(|((at, _), _)| *at))
+                .then(|| state.earliest_deadline())
                 .flatten();
             (acquired, earliest)
         };
@@ -606,12 +199,7 @@ impl Store for MemoryStore {
     ) -> Result<Option<UpstreamId>, StoreError> {
         let entry = self.entry(pool)?;
         let now = Instant::now();
-        let state = lock(&entry);
-        Ok(state
-            .sessions
-            .get(key)
-            .filter(|b| b.expires > now)
-            .map(|b| b.upstream.clone()))
+        Ok(lock(&entry).session_upstream(key, now))
     }
 
     async fn extend(
@@ -622,17 +210,7 @@ impl Store for MemoryStore {
     ) -> Result<(), StoreError> {
         let entry = self.entry(pool)?;
         let mut state = lock(&entry);
-        let deadline = Instant::now() + state.spec.lease_ttl;
-        let old = state
-            .members
-            .get_mut(upstream)
-            .and_then(|m| m.leases.get_mut(&lease.0))
-            .map(|d| std::mem::replace(d, deadline));
-        if let Some(old) = old {
-            if let Some(id) = state.deadlines.remove(&(old, lease.0)) {
-                state.deadlines.insert((deadline, lease.0), id);
-            }
-        }
+        state.extend(upstream, lease, Instant::now());
         Ok(())
     }
 
@@ -652,20 +230,12 @@ impl Store for MemoryStore {
     async fn end_session(&self, pool: &str, key: &str) -> Result<bool, StoreError> {
         let entry = self.entry(pool)?;
         let now = Instant::now();
-        let removed = lock(&entry).sessions.remove(key);
-        Ok(removed.is_some_and(|b| b.expires > now))
+        Ok(lock(&entry).end_session(key, now))
     }
 
     async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
         let entry = self.entry(pool)?;
-        let mut state = lock(&entry);
-        if state
-            .sessions
-            .get(key)
-            .is_some_and(|b| &b.upstream == upstream)
-        {
-            state.sessions.remove(key);
-        }
+        lock(&entry).unbind(key, upstream);
         Ok(())
     }
 
@@ -679,30 +249,7 @@ impl Store for MemoryStore {
     async fn status(&self, pool: &str) -> Result<PoolStatus, StoreError> {
         let entry = self.entry(pool)?;
         let now = Instant::now();
-        let mut state = lock(&entry);
-        state.expire(now);
-        let sessions_live = state.sessions.values().filter(|b| b.expires > now).count() as u64;
-        let members = state
-            .spec
-            .members
-            .iter()
-            .filter_map(|id| {
-                let m = state.members.get(id)?;
-                let live = m.leases.len() as u64;
-                Some(super::member_status(
-                    id,
-                    live,
-                    m.allocs,
-                    &m.outcomes,
-                    m.latency_total,
-                    m.latency_count,
-                ))
-            })
-            .collect();
-        Ok(PoolStatus {
-            sessions_live,
-            members,
-        })
+        Ok(lock(&entry).status(now))
     }
 
     fn kind(&self) -> &'static str {
@@ -785,6 +332,8 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Strategy;
+    use crate::store::Grant;
 
     fn ids(n: usize) -> Vec<UpstreamId> {
         (0..n).map(|i| UpstreamId::new(format!("u{i}"))).collect()

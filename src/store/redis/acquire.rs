@@ -1,0 +1,465 @@
+//! Acquires: a session's or an excluding one in a call of its own, plain ones batched (see
+//! `batch.rs`) or served from the stock (see `stock.rs`), and while the pool is full one probe
+//! at a time (see [`Inner::acquire`]).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::scripts::{self, AcquireReply, Call};
+use super::{
+    FALLBACK_LEASE, Fault, Inner, PoolLocal, UNLISTED_LEASE, broken, locked, millis, now_ms,
+    takes_unlisted_leases,
+};
+use crate::config::Strategy;
+use crate::store::{Acquired, Grant, LeaseId, Store, StoreError, Want};
+use crate::upstream::UpstreamId;
+
+/// What waits for an acquire call: a request's lease, or a refill of the stock.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum AcquireItem {
+    Lease(LeaseId),
+    Refill,
+}
+
+type AcquireCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<AcquireReply>, Fault>> + Send>>;
+
+/// What sends a batch of plain acquires of pool `p`.
+fn acquire_sender(
+    inner: &Arc<Inner>,
+    p: &Arc<PoolLocal>,
+) -> impl FnMut(Vec<AcquireItem>) -> AcquireCall + Send + 'static {
+    let (inner, p) = (inner.clone(), p.clone());
+    move |items| {
+        let (inner, p) = (inner.clone(), p.clone());
+        Box::pin(async move {
+            let r = inner.acquire_many(&p, &items).await;
+            if let Err(Fault::Down(why)) = &r {
+                // Now, before this task sends the acquires that queued meanwhile: they go to the
+                // local view at once instead of waiting out a second timeout.
+                inner.degrade(why);
+            }
+            r
+        })
+    }
+}
+
+/// The `many` mode's reply lines as each item's answer (a refill's is a placeholder nobody
+/// reads), and the upstreams of the grants taken for the stock, which follow them.
+fn split_replies(
+    items: &[AcquireItem],
+    expected: usize,
+    replies: Vec<String>,
+) -> Result<(Vec<AcquireReply>, Vec<UpstreamId>), Fault> {
+    if replies.len() != expected {
+        return Err(Fault::Broken(format!(
+            "acquire: {} replies for {expected} leases",
+            replies.len()
+        )));
+    }
+    let parse = |r: &str| AcquireReply::parse_line(r).map_err(Fault::Broken);
+    let mut replies = replies.iter();
+    let mut out = Vec::with_capacity(items.len());
+    for i in items {
+        out.push(match i {
+            // The count was checked above: a missing line cannot happen, and would not parse.
+            AcquireItem::Lease(_) => parse(replies.next().map_or("", String::as_str))?,
+            AcquireItem::Refill => AcquireReply::NoCandidates,
+        });
+    }
+    let mut grants = Vec::new();
+    for r in replies {
+        if let AcquireReply::Granted { upstream, .. } = parse(r)? {
+            grants.push(UpstreamId::new(upstream));
+        }
+    }
+    Ok((out, grants))
+}
+
+/// A random id for a lease Redis grants, marked unlisted when it is (see `held.rs`).
+fn new_lease(unlisted: bool) -> LeaseId {
+    let id = rand::random::<u64>() & !(FALLBACK_LEASE | UNLISTED_LEASE);
+    LeaseId(if unlisted { id | UNLISTED_LEASE } else { id })
+}
+
+/// Adds a lease id as `acquire.lua` takes it: `-` asks for an unlisted lease.
+fn lease_arg(inv: &mut Call, lease: LeaseId) {
+    if lease.0 & UNLISTED_LEASE != 0 {
+        inv.arg("-");
+    } else {
+        inv.arg(lease.0);
+    }
+}
+
+fn strategy_arg(s: Strategy) -> &'static str {
+    match s {
+        Strategy::LeastUsed => "least-used",
+        Strategy::Weighted => "weighted",
+        Strategy::LeastConnections => "least-connections",
+        Strategy::RoundRobin => "round-robin",
+    }
+}
+
+impl Inner {
+    /// [`Store::acquire`]. Plain requests waiting for capacity are woken all at once by every
+    /// release (as with the memory store), and each would cost a round trip. So while the pool is
+    /// known to be full, plain acquires (no session, nothing excluded) go to Redis one at a time,
+    /// and one that arrived no later than the last answer "full" was asked takes that answer
+    /// without asking again: nothing that frees capacity happened since (every such thing moves
+    /// the epoch). A burst of waiters then costs about two round trips per release, not one per
+    /// waiter.
+    pub(super) async fn acquire(
+        self: &Arc<Self>,
+        pool: &str,
+        want: Want<'_>,
+    ) -> Result<Acquired, StoreError> {
+        let p = self.pool(pool)?;
+        let plain = matches!(want, Want::Any { exclude } if exclude.is_empty());
+        if !plain || !p.full.load(Ordering::SeqCst) || !self.hears_events(&p) {
+            let r = self.acquire_remote(pool, &p, want).await;
+            if plain {
+                p.full
+                    .store(matches!(r, Ok(Acquired::AtCapacity)), Ordering::SeqCst);
+            }
+            return r;
+        }
+        let arrival = p.epoch.load(Ordering::SeqCst);
+        let mut last = p.probe.lock().await;
+        if let Some((sent, true)) = *last {
+            if sent >= arrival && self.hears_events(&p) {
+                return Ok(Acquired::AtCapacity);
+            }
+        }
+        let sent = p.epoch.load(Ordering::SeqCst);
+        let r = self.acquire_remote(pool, &p, want).await;
+        let full = matches!(r, Ok(Acquired::AtCapacity));
+        *last = Some((sent, full));
+        p.full.store(full, Ordering::SeqCst);
+        r
+    }
+
+    /// Wakes the pool's waiting requests when the earliest lease expires: capacity held by a
+    /// gateway that died comes back without anyone releasing it.
+    fn schedule_wake(&self, p: &Arc<PoolLocal>, deadline_ms: u64) {
+        let now = now_ms();
+        {
+            let mut at = locked(&p.wake_at);
+            if at.is_some_and(|t| t <= deadline_ms && t > now) {
+                return;
+            }
+            *at = Some(deadline_ms);
+        }
+        let delay = Duration::from_millis(deadline_ms.saturating_sub(now) + 1);
+        let p = p.clone();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.cancelled() => return,
+            }
+            {
+                let mut at = locked(&p.wake_at);
+                if *at == Some(deadline_ms) {
+                    *at = None;
+                }
+            }
+            p.wake();
+        });
+    }
+
+    /// `acquire.lua` with the keys and leading arguments all its modes share; `lease` is ARGV[2]
+    /// (`None` for the many mode, which ignores it) and `session` the session mode's last key.
+    fn acquire_call(&self, p: &PoolLocal, lease: Option<LeaseId>, session: Option<&str>) -> Call {
+        let spec = p.spec.load();
+        let k = &p.keys;
+        let mut inv = Call::new(&scripts::ACQUIRE, 10 + usize::from(session.is_some()));
+        inv.key(&k.meta)
+            .key(&k.state)
+            .key(&k.members)
+            .key(&k.order)
+            .key(&k.leases)
+            .key(&k.lease_up)
+            .key(&k.live)
+            .key(&k.sessions)
+            .key(&k.instances)
+            .key(&k.held);
+        if let Some(key) = session {
+            inv.key(&k.session(key));
+        }
+        let now = now_ms();
+        inv.arg(now);
+        match lease {
+            Some(lease) => lease_arg(&mut inv, lease),
+            None => {
+                inv.arg("-");
+            }
+        }
+        inv.arg(now + millis(spec.lease_ttl).max(1))
+            .arg(spec.max_concurrency.unwrap_or(0))
+            .arg(strategy_arg(spec.strategy))
+            .arg(&k.events);
+        inv
+    }
+
+    /// One acquire in its own call: a session's, or one that excludes upstreams.
+    async fn acquire_one(
+        &self,
+        p: &PoolLocal,
+        lease: LeaseId,
+        want: Want<'_>,
+    ) -> Result<AcquireReply, Fault> {
+        let session = match want {
+            Want::Session { key, .. } => Some(key),
+            Want::Any { .. } => None,
+        };
+        let mut inv = self.acquire_call(p, Some(lease), session);
+        match want {
+            Want::Any { exclude } => {
+                inv.arg("any");
+                for id in exclude {
+                    inv.arg(id.as_str());
+                }
+            }
+            Want::Session {
+                key,
+                ttl,
+                preferred,
+                rebind,
+            } => {
+                inv.arg("session")
+                    .arg(millis(ttl))
+                    .arg(u8::from(rebind))
+                    .arg(key);
+                for id in preferred {
+                    inv.arg(id.as_str());
+                }
+            }
+        }
+        let reply: Vec<String> = self.eval(&inv, self.timeout).await?;
+        AcquireReply::parse(reply).map_err(Fault::Broken)
+    }
+
+    /// Plain acquires, one per waiting lease id, in one call (`many` mode); in a pool whose
+    /// leases are unlisted the call also takes grants for the stock when it is due (see
+    /// `stock.rs`). A refill item's reply is a placeholder: nobody waits for it.
+    async fn acquire_many(
+        &self,
+        p: &PoolLocal,
+        items: &[AcquireItem],
+    ) -> Result<Vec<AcquireReply>, Fault> {
+        if self.is_degraded() {
+            // These waited behind a call that found Redis gone (see `acquire_sender`). Each is
+            // replayed as a quiet release, which ends nothing: it was never sent.
+            if items.iter().any(|i| matches!(i, AcquireItem::Refill)) {
+                locked(&p.stock).refill_failed();
+            }
+            return Err(Fault::Down("the store is degraded".into()));
+        }
+        let waiting = items
+            .iter()
+            .filter(|i| matches!(i, AcquireItem::Lease(_)))
+            .count();
+        let refill = waiting < items.len();
+        let (extra, generation) = if takes_unlisted_leases(&p.spec.load()) {
+            let mut stock = locked(&p.stock);
+            stock.note_waiting(waiting);
+            let extra = if refill || stock.start_refill() {
+                stock.refill_size()
+            } else {
+                0
+            };
+            (extra, stock.generation())
+        } else {
+            (0, 0)
+        };
+        let stocking = refill || extra > 0;
+        let mut inv = self.acquire_call(p, None, None);
+        inv.arg("many");
+        for i in items {
+            if let AcquireItem::Lease(l) = i {
+                lease_arg(&mut inv, *l);
+            }
+        }
+        for _ in 0..extra {
+            inv.arg("-");
+        }
+        let replies: Result<Vec<String>, Fault> = self.eval(&inv, self.timeout).await;
+        let split = replies.and_then(|r| split_replies(items, waiting + extra, r));
+        match split {
+            Ok((out, mut grants)) => {
+                if stocking {
+                    // A member this instance just took out of service may have been picked by a
+                    // call Redis ran before the change.
+                    let applied = locked(&p.applied);
+                    grants.retain(|g| applied.get(g).is_none_or(|s| s.eligible));
+                    drop(applied);
+                    locked(&p.stock).fill(grants, tokio::time::Instant::now(), generation);
+                }
+                Ok(out)
+            }
+            Err(f) => {
+                if stocking {
+                    locked(&p.stock).refill_failed();
+                }
+                Err(f)
+            }
+        }
+    }
+
+    /// A grant from the stock, when the pool keeps one and it holds a fresh grant; posts a
+    /// refill when half of it is used.
+    fn from_stock(self: &Arc<Self>, p: &Arc<PoolLocal>) -> Option<Grant> {
+        let (got, refill) = {
+            let mut stock = locked(&p.stock);
+            let got = stock.take(tokio::time::Instant::now());
+            (got, stock.start_refill())
+        };
+        if refill {
+            p.acquires
+                .post(AcquireItem::Refill, || acquire_sender(self, p));
+        }
+        let upstream = got?;
+        locked(&p.held).take(&upstream);
+        Some(Grant {
+            upstream,
+            lease: new_lease(true),
+            bound_now: false,
+        })
+    }
+
+    /// One acquire in Redis (or in the local view while degraded).
+    async fn acquire_remote(
+        self: &Arc<Self>,
+        pool: &str,
+        p: &Arc<PoolLocal>,
+        want: Want<'_>,
+    ) -> Result<Acquired, StoreError> {
+        let inner = self;
+        if inner.is_degraded() {
+            return inner.fallback_acquire(pool, want).await;
+        }
+        let unlisted = takes_unlisted_leases(&p.spec.load());
+        if unlisted && matches!(want, Want::Any { exclude: [] }) {
+            if let Some(grant) = inner.from_stock(p) {
+                return Ok(Acquired::Granted(grant));
+            }
+        }
+        let mut restored = false;
+
+        loop {
+            let lease = new_lease(unlisted);
+            let answer = match want {
+                Want::Any { exclude: [] } => {
+                    p.acquires
+                        .send(AcquireItem::Lease(lease), || acquire_sender(inner, p))
+                        .await
+                }
+                _ => inner.acquire_one(p, lease, want).await,
+            };
+            let reply = match answer {
+                Ok(reply) => reply,
+                Err(Fault::Down(why)) => {
+                    // The acquire may still run once Redis gets to it: cancel its lease then.
+                    inner.replay_quietly(pool, [lease], &why);
+                    return inner.fallback_acquire(pool, want).await;
+                }
+                Err(Fault::Broken(why)) => return Err(broken(why)),
+            };
+            return Ok(match reply {
+                AcquireReply::Granted {
+                    upstream,
+                    bound_now,
+                } => {
+                    let upstream = UpstreamId::new(upstream);
+                    if lease.0 & UNLISTED_LEASE != 0 {
+                        locked(&p.held).take(&upstream);
+                    }
+                    Acquired::Granted(Grant {
+                        upstream,
+                        lease,
+                        bound_now,
+                    })
+                }
+                AcquireReply::AtCapacity {
+                    earliest_deadline_ms,
+                } => {
+                    if let Some(at) = earliest_deadline_ms {
+                        inner.schedule_wake(p, at);
+                    }
+                    Acquired::AtCapacity
+                }
+                AcquireReply::Unavailable(upstream) => {
+                    Acquired::SessionUnavailable(UpstreamId::new(upstream))
+                }
+                AcquireReply::NoCandidates => Acquired::NoCandidates,
+                AcquireReply::Unconfigured if !restored => {
+                    restored = true;
+                    match inner.restore_pool(p).await {
+                        Ok(()) => continue,
+                        Err(Fault::Down(why)) => {
+                            inner.degrade(&why);
+                            return inner.fallback_acquire(pool, want).await;
+                        }
+                        Err(Fault::Broken(why)) => return Err(broken(why)),
+                    }
+                }
+                AcquireReply::Unconfigured => {
+                    return Err(broken("the pool's state is missing after declaring it"));
+                }
+            });
+        }
+    }
+
+    async fn fallback_acquire(&self, pool: &str, want: Want<'_>) -> Result<Acquired, StoreError> {
+        Ok(match self.fallback.acquire(pool, want).await? {
+            Acquired::Granted(g) => Acquired::Granted(Grant {
+                lease: LeaseId(g.lease.0 | FALLBACK_LEASE),
+                ..g
+            }),
+            other => other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each waiting lease gets its own line in order, a refill item gets a placeholder and no
+    /// line, and the lines after the waiting ones are the stock's grants.
+    #[test]
+    fn replies_go_to_their_leases_and_the_rest_to_the_stock() {
+        let items = [
+            AcquireItem::Lease(LeaseId(1)),
+            AcquireItem::Refill,
+            AcquireItem::Lease(LeaseId(2)),
+        ];
+        let lines = [
+            "granted 0 http://a",
+            "granted 0 http://b",
+            "granted 0 http://c",
+            "none",
+        ];
+        let (out, grants) =
+            split_replies(&items, 4, lines.iter().map(|l| l.to_string()).collect()).unwrap();
+        let granted = |u: &str| AcquireReply::Granted {
+            upstream: u.into(),
+            bound_now: false,
+        };
+        assert_eq!(
+            out,
+            [
+                granted("http://a"),
+                AcquireReply::NoCandidates,
+                granted("http://b")
+            ]
+        );
+        assert_eq!(
+            grants,
+            [UpstreamId::new("http://c")],
+            "a line without a grant is skipped"
+        );
+        let short = split_replies(&items, 4, vec!["granted 0 http://a".into()]);
+        assert!(matches!(short, Err(Fault::Broken(_))));
+    }
+}
