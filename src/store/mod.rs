@@ -17,7 +17,7 @@ use thiserror::Error;
 use tokio::sync::{Notify, broadcast};
 
 use crate::config::Strategy;
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::upstream::UpstreamId;
 
 /// What the store needs to know about a pool to allocate from it.

@@ -18,7 +18,7 @@ use super::{
     Store, StoreError, Want,
 };
 use crate::fast_map::FastMap;
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::upstream::UpstreamId;
 use pool_state::PoolState;
 

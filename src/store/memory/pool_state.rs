@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::config::Strategy;
 use crate::fast_map::FastMap;
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::store::{
     Acquired, Grant, LeaseId, MemberState, PoolSpec, PoolStatus, Want, member_status,
 };

@@ -64,7 +64,7 @@ use super::{
     PoolStatus, Store, StoreError, Want,
 };
 use crate::config::Strategy;
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::upstream::UpstreamId;
 use acquire::AcquireItem;
 use batch::Batcher;

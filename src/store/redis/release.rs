@@ -11,7 +11,7 @@ use super::{
     FALLBACK_LEASE, Fault, Inner, PoolLocal, RedisStore, UNLISTED_LEASE, broken, held, locked,
     millis, now_ms, stats, takes_unlisted_leases,
 };
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::store::{LeaseId, Store, StoreError};
 use crate::upstream::UpstreamId;
 

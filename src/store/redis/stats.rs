@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::upstream::UpstreamId;
 
 /// How long statistics may wait before they go to Redis.

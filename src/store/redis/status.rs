@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::scripts::{self, Call};
 use super::{Fault, Inner, broken, held, locked, now_ms, stats};
-use crate::health::Outcome;
+use crate::outcome::Outcome;
 use crate::store::{PoolSpec, PoolStatus, Store, StoreError, member_status};
 
 impl Inner {
