@@ -7,12 +7,13 @@
 //! the trouble is local (our network, our DNS): a *global incident*, during which nothing is
 //! quarantined.
 //!
-//! A ban (captcha, block) is the target's word about one visitor, so it counts against an
-//! upstream only once the rest of the pool shows the site lets others in: while no other upstream
-//! has got through to the target within `incident_window`, the ban is *held*. A later success of
-//! another upstream there releases the held bans against their upstreams; an incident on the
-//! target discards them. So the first upstream to meet a site that challenges everybody is not
-//! quarantined before the incident is recognised. Memory is bounded: at most `max_targets` targets are tracked, the least recently
+//! An incident is recognised only once most of the pool has met the trouble, so the first
+//! upstreams to meet a site that challenges everybody may already have been degraded or
+//! quarantined for it by then. Each target remembers which upstreams its bans took out of full
+//! service and when; the incident, once recognised, gives back those of the last
+//! `incident_window` (see [`TargetChange::IncidentStarted`]).
+//!
+//! Memory is bounded: at most `max_targets` targets are tracked, the least recently
 //! seen forgotten first.
 
 use std::collections::HashMap;
@@ -33,9 +34,6 @@ pub struct Cell {
     pub bans: u64,
     #[serde(skip)]
     last_bad: bool,
-    /// Bans not yet counted against the upstream: no other upstream has got through yet.
-    #[serde(skip)]
-    held: u32,
     #[serde(skip)]
     last_at: Option<Instant>,
 }
@@ -51,6 +49,9 @@ struct TargetStats {
     last_seen: Instant,
     cells: FastMap<UpstreamId, Cell>,
     incident_since: Option<Instant>,
+    /// Upstreams this target's bans degraded or quarantined, with when: what an incident on the
+    /// target gives back. At most one entry per upstream (the latest).
+    blamed: Vec<(UpstreamId, Instant)>,
     /// Cells whose latest outcome was bad (recent ones: older ones are expired periodically).
     failing: usize,
 }
@@ -58,7 +59,13 @@ struct TargetStats {
 /// What a target looks like right now.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TargetChange {
-    IncidentStarted { failing: usize, of: usize },
+    /// `revoke`: the upstreams this target's bans took out of full service within the
+    /// incident window; the incident shows it was the target's doing, so they are given back.
+    IncidentStarted {
+        failing: usize,
+        of: usize,
+        revoke: Vec<UpstreamId>,
+    },
     IncidentEnded,
 }
 
@@ -107,6 +114,7 @@ impl Targets {
                         last_seen: now,
                         cells: FastMap::default(),
                         incident_since: None,
+                        blamed: Vec::new(),
                         failing: 0,
                     })
             }
@@ -138,13 +146,15 @@ impl Targets {
                 && share >= cfg.target_incident_ratio =>
             {
                 stats.incident_since = Some(now);
-                // The bans held so far were the site's doing: they never count.
-                for c in stats.cells.values_mut() {
-                    c.held = 0;
-                }
+                let revoke = std::mem::take(&mut stats.blamed)
+                    .into_iter()
+                    .filter(|(_, at)| now.duration_since(*at) <= cfg.incident_window)
+                    .map(|(id, _)| id)
+                    .collect();
                 Some(TargetChange::IncidentStarted {
                     failing,
                     of: members,
+                    revoke,
                 })
             }
             // Hysteresis: the incident ends well below the ratio that started it.
@@ -156,61 +166,12 @@ impl Targets {
         }
     }
 
-    /// Whether another upstream than `upstream` got through to `target` within `window` (its
-    /// latest exchange there was not bad): the evidence that makes a ban this upstream's fault.
-    pub fn others_got_through(
-        &self,
-        target: &str,
-        upstream: &UpstreamId,
-        window: std::time::Duration,
-        now: Instant,
-    ) -> bool {
-        self.by_target.get(target).is_some_and(|t| {
-            t.cells.iter().any(|(id, c)| {
-                id != upstream
-                    && c.ok > 0
-                    && !c.last_bad
-                    && c.last_at.is_some_and(|at| now.duration_since(at) <= window)
-            })
-        })
-    }
-
-    /// Holds a ban of `upstream` on `target` until the pool shows whose fault it is.
-    pub fn hold_ban(&mut self, target: &str, upstream: &UpstreamId) {
-        if let Some(c) = self
-            .by_target
-            .get_mut(target)
-            .and_then(|t| t.cells.get_mut(upstream))
-        {
-            c.held = c.held.saturating_add(1);
+    /// Remembers that a ban on `target` degraded or quarantined `upstream` now.
+    pub fn blamed(&mut self, target: &str, upstream: &UpstreamId, now: Instant) {
+        if let Some(t) = self.by_target.get_mut(target) {
+            t.blamed.retain(|(id, _)| id != upstream);
+            t.blamed.push((upstream.clone(), now));
         }
-    }
-
-    /// After `upstream` got through to `target`: the bans held against the other upstreams there
-    /// (recent ones), taken out to be counted against them now.
-    pub fn release_held(
-        &mut self,
-        target: &str,
-        upstream: &UpstreamId,
-        window: std::time::Duration,
-        now: Instant,
-    ) -> Vec<(UpstreamId, u32)> {
-        let Some(t) = self.by_target.get_mut(target) else {
-            return Vec::new();
-        };
-        if t.incident_since.is_some() {
-            return Vec::new();
-        }
-        let mut released = Vec::new();
-        for (id, c) in t.cells.iter_mut() {
-            if c.held > 0 && id != upstream {
-                if c.last_at.is_some_and(|at| now.duration_since(at) <= window) {
-                    released.push((id.clone(), c.held));
-                }
-                c.held = 0;
-            }
-        }
-        released
     }
 
     pub fn in_incident(&self, target: &str) -> bool {
@@ -250,14 +211,9 @@ impl Targets {
                     c.last_bad = false;
                     t.failing -= 1;
                 }
-                // Held bans older than the window are evidence of nothing any more.
-                if c.held > 0
-                    && c.last_at
-                        .is_some_and(|at| now.duration_since(at) > cfg.incident_window)
-                {
-                    c.held = 0;
-                }
             }
+            t.blamed
+                .retain(|(_, at)| now.duration_since(*at) <= cfg.incident_window);
             if t.incident_since.is_some() && t.failing < cfg.target_incident_min_upstreams {
                 t.incident_since = None;
                 ended.push(name.clone());
@@ -338,7 +294,14 @@ mod tests {
         }
         assert_eq!(
             started,
-            Some((7, TargetChange::IncidentStarted { failing: 8, of: 10 }))
+            Some((
+                7,
+                TargetChange::IncidentStarted {
+                    failing: 8,
+                    of: 10,
+                    revoke: Vec::new()
+                }
+            ))
         );
         assert!(t.in_incident("shop.example"));
         for u in &ups {
@@ -353,6 +316,47 @@ mod tests {
             );
         }
         assert!(!t.in_incident("shop.example"));
+    }
+
+    /// An incident gives back the upstreams the target's bans took out within
+    /// `incident_window`, each once, and not those of longer ago.
+    #[tokio::test(start_paused = true)]
+    async fn an_incident_gives_back_what_its_bans_took_within_the_window() {
+        let cfg = HealthConfig::default();
+        let mut t = Targets::default();
+        let ups = ids(10);
+        let ban = |t: &mut Targets, u: &UpstreamId| {
+            t.record(
+                &cfg,
+                "shop.example",
+                u,
+                Sample::Ban,
+                true,
+                10,
+                Instant::now(),
+            )
+        };
+        ban(&mut t, &ups[0]);
+        t.blamed("shop.example", &ups[0], Instant::now());
+        tokio::time::advance(cfg.incident_window * 2).await;
+        for u in &ups[1..3] {
+            ban(&mut t, u);
+            t.blamed("shop.example", u, Instant::now());
+            t.blamed("shop.example", u, Instant::now());
+        }
+        let mut started = None;
+        for u in &ups {
+            if let Some(c) = ban(&mut t, u) {
+                started = Some(c);
+            }
+        }
+        match started {
+            Some(TargetChange::IncidentStarted { mut revoke, .. }) => {
+                revoke.sort();
+                assert_eq!(revoke, ups[1..3].to_vec());
+            }
+            other => panic!("no incident: {other:?}"),
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -330,14 +330,22 @@ impl PoolHealth {
 
         let about_target = outcome != Outcome::ConnectError;
         let members = e.members.len();
+        let mut revoke = Vec::new();
         match e
             .targets
             .record(&cfg, target, upstream, sample, about_target, members, now)
         {
-            Some(TargetChange::IncidentStarted { failing, of }) => tracing::warn!(
-                pool = %self.name, target, failing, of,
-                "target incident: the target fails on most upstreams; its failures no longer count against them"
-            ),
+            Some(TargetChange::IncidentStarted {
+                failing,
+                of,
+                revoke: r,
+            }) => {
+                tracing::warn!(
+                    pool = %self.name, target, failing, of, given_back = r.len(),
+                    "target incident: the target fails on most upstreams; its failures no longer count against them"
+                );
+                revoke = r;
+            }
             Some(TargetChange::IncidentEnded) => {
                 tracing::info!(pool = %self.name, target, "target incident over")
             }
@@ -354,21 +362,11 @@ impl PoolHealth {
             t.latency.record(ms);
         }
 
-        // Blame: a target incident or a global incident is nobody's fault, and a ban counts
-        // against an upstream only once another upstream has got through to the same target.
-        let mut blamed = match sample {
+        // Blame: a target incident or a global incident is nobody's fault.
+        let blamed = match sample {
             Sample::Success => true,
             _ => !e.targets.in_incident(target) && e.global_incident_since.is_none(),
         };
-        if blamed
-            && sample == Sample::Ban
-            && !e
-                .targets
-                .others_got_through(target, upstream, cfg.incident_window, now)
-        {
-            e.targets.hold_ban(target, upstream);
-            blamed = false;
-        }
         let mut changes = Vec::new();
         if blamed {
             let jitter = rand::random::<f64>() * 2.0 - 1.0;
@@ -377,12 +375,15 @@ impl PoolHealth {
                 .observe(sample, &cfg, now, jitter, || Self::guard(e, upstream));
             if let Some(tr) = &transition {
                 self.log(upstream, tr);
+                if sample == Sample::Ban && matches!(tr.to, State::Degraded | State::Quarantined) {
+                    e.targets.blamed(target, upstream, now);
+                }
             }
             changes.extend(Self::change_of(upstream, &mut t, transition));
         }
         e.upstreams.insert(id, t);
-        if sample == Sample::Success {
-            changes.extend(self.count_held_bans(e, target, upstream, &cfg, now));
+        for other in revoke {
+            changes.extend(self.give_back(e, &other, target, now));
         }
         if e.strategy == Strategy::Weighted {
             changes.extend(self.reweigh(e, upstream));
@@ -390,32 +391,25 @@ impl PoolHealth {
         changes
     }
 
-    /// `upstream` got through to `target`: the bans other upstreams met there and that were held
-    /// for want of evidence now count against them.
-    fn count_held_bans(
+    /// A target incident shows that `upstream` was degraded or quarantined for the target's
+    /// doing: back to healthy with a clean slate, unless something else has taken it out since
+    /// (an operator, a probe, the dead state).
+    fn give_back(
         &self,
         e: &mut Engine,
-        target: &str,
         upstream: &UpstreamId,
-        cfg: &HealthConfig,
+        target: &str,
         now: Instant,
-    ) -> Vec<Change> {
-        let released = e
-            .targets
-            .release_held(target, upstream, cfg.incident_window, now);
-        let mut changes = Vec::new();
-        for (other, held) in released {
-            tracing::debug!(pool = %self.name, upstream = %other, target, held, "held bans counted");
-            for _ in 0..held {
-                let jitter = rand::random::<f64>() * 2.0 - 1.0;
-                let transition = Self::feed(e, &other, Sample::Ban, cfg, now, jitter);
-                if let Some(tr) = &transition {
-                    self.log(&other, tr);
-                }
-                changes.extend(self.change_for(e, &other, transition));
-            }
+    ) -> Option<Change> {
+        let t = e.upstreams.get_mut(upstream)?;
+        if !matches!(t.machine.state(), State::Degraded | State::Quarantined) || t.machine.removed()
+        {
+            return None;
         }
-        changes
+        let reason = format!("target incident on {target}: the target challenges every upstream");
+        let transition = t.machine.restore(&reason, now)?;
+        self.log(upstream, &transition);
+        self.change_for(e, upstream, Some(transition))
     }
 
     /// Whether `upstream` may leave service now: the quarantine cap and `min_in_service`.
