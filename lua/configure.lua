@@ -2,7 +2,9 @@
 --
 -- A joining member starts eligible at the current minimum allocation score, so least-used does
 -- not flood it; a member that left loses its state (its live leases end or expire normally). The
--- round-robin cursor restarts. Every gateway calls this at start and after Redis lost its data.
+-- round-robin cursor is kept: every gateway calls this at start (and after Redis lost its data),
+-- and an instance starting must not send the pool's next requests back to its first members;
+-- acquire.lua wraps a cursor past the end of a shrunk pool.
 --
 -- It also pins the encoding of the two lease keys. Every request adds a lease entry to each and
 -- removes it again. Redis keeps a small HASH or ZSET (up to 128 entries) as a listpack, which it
@@ -56,7 +58,8 @@ for i = 1, #ARGV do
   end
   redis.call('ZADD', KEYS[4], i - 1, up)
 end
-redis.call('HSET', KEYS[1], 'rr', '0', 'n', tostring(#ARGV))
+redis.call('HSET', KEYS[1], 'n', tostring(#ARGV))
+redis.call('HSETNX', KEYS[1], 'rr', '0')
 local pin = '~ pins the hashtable/skiplist encoding: as a listpack every lease operation scans all leases'
 redis.call('HSETNX', KEYS[6], '~', pin)
 redis.call('ZADD', KEYS[5], 'NX', '+inf', pin)

@@ -305,19 +305,24 @@ impl Inner {
     ) -> Result<bool, Fault> {
         let k = &p.keys;
         let cap = p.spec.load().max_concurrency.unwrap_or(0);
-        let mut inv = Call::new(&scripts::RELEASE, 4);
+        let mut inv = Call::new(&scripts::RELEASE, if cap > 0 { 6 } else { 4 });
         inv.key(&k.leases)
             .key(&k.lease_up)
             .key(&k.live)
-            .key(&k.stats)
-            .arg(cap)
-            .arg(&k.events)
-            .arg(releases.len());
+            .key(&k.stats);
+        if cap > 0 {
+            // Under a cap, "freed" counts the unlisted leases other gateways report.
+            inv.key(&k.instances).key(&k.held);
+        }
+        inv.arg(cap).arg(&k.events).arg(releases.len());
         for r in releases {
             inv.arg(r.lease.0);
         }
         for (field, amount) in stats.pairs() {
             inv.arg(field).arg(amount);
+        }
+        if cap > 0 {
+            inv.arg(now_ms());
         }
         let freed: i64 = self.eval(&inv, self.timeout).await?;
         Ok(freed == 1)
