@@ -108,6 +108,11 @@ impl Target {
 /// quad, an IPv6 literal (bracketed or not) its compressed form, a name lower-case with only DNS
 /// characters and no empty label (one trailing dot is allowed).
 pub fn canonical_host(raw: &str) -> Result<String, TargetError> {
+    // Nearly every target is already canonical: a dotted quad (which the standard parser reads
+    // only in its one spelling, no leading zeros) is returned as it is, without formatting.
+    if raw.parse::<Ipv4Addr>().is_ok() {
+        return Ok(raw.to_owned());
+    }
     let unbracketed = raw.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
     if unbracketed.is_some() || raw.contains(':') {
         let ip: Ipv6Addr = unbracketed
@@ -124,14 +129,12 @@ pub fn canonical_host(raw: &str) -> Result<String, TargetError> {
     {
         return Err(TargetError::BadHost);
     }
-    let mut labels: Vec<&str> = host.split('.').collect();
-    if labels.len() > 1 && labels.last() == Some(&"") {
-        labels.pop();
-    }
-    if labels.iter().any(|l| l.is_empty()) {
+    // One trailing dot is allowed; no label may be empty.
+    let bare = host.strip_suffix('.').unwrap_or(&host);
+    if bare.is_empty() || bare.split('.').any(str::is_empty) {
         return Err(TargetError::BadHost);
     }
-    let last = labels.last().copied().unwrap_or_default();
+    let last = bare.rsplit('.').next().unwrap_or_default();
     // Numeric by its characters, not by its value: `0x100000000` is an IPv4 literal too large
     // to mean anything, not a name.
     let numeric = match last.strip_prefix("0x") {
@@ -139,6 +142,7 @@ pub fn canonical_host(raw: &str) -> Result<String, TargetError> {
         None => last.bytes().all(|b| b.is_ascii_digit()),
     };
     if numeric {
+        let labels: Vec<&str> = bare.split('.').collect();
         return parse_ipv4(&labels)
             .map(|ip| ip.to_string())
             .ok_or(TargetError::BadHost);
