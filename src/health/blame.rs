@@ -60,11 +60,12 @@ struct TargetStats {
 #[derive(Clone, Debug, PartialEq)]
 pub enum TargetChange {
     /// `revoke`: the upstreams this target's bans took out of full service within the
-    /// incident window; the incident shows it was the target's doing, so they are given back.
+    /// incident window, each with when; the incident shows it was the target's doing, so they
+    /// are given back (those whose state has not changed since).
     IncidentStarted {
         failing: usize,
         of: usize,
-        revoke: Vec<UpstreamId>,
+        revoke: Vec<(UpstreamId, Instant)>,
     },
     IncidentEnded,
 }
@@ -149,7 +150,6 @@ impl Targets {
                 let revoke = std::mem::take(&mut stats.blamed)
                     .into_iter()
                     .filter(|(_, at)| now.duration_since(*at) <= cfg.incident_window)
-                    .map(|(id, _)| id)
                     .collect();
                 Some(TargetChange::IncidentStarted {
                     failing,
@@ -351,9 +351,10 @@ mod tests {
             }
         }
         match started {
-            Some(TargetChange::IncidentStarted { mut revoke, .. }) => {
-                revoke.sort();
-                assert_eq!(revoke, ups[1..3].to_vec());
+            Some(TargetChange::IncidentStarted { revoke, .. }) => {
+                let mut ids: Vec<UpstreamId> = revoke.into_iter().map(|(id, _)| id).collect();
+                ids.sort();
+                assert_eq!(ids, ups[1..3].to_vec());
             }
             other => panic!("no incident: {other:?}"),
         }

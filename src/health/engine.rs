@@ -382,8 +382,8 @@ impl PoolHealth {
             changes.extend(Self::change_of(upstream, &mut t, transition));
         }
         e.upstreams.insert(id, t);
-        for other in revoke {
-            changes.extend(self.give_back(e, &other, target, now));
+        for (other, at) in revoke {
+            changes.extend(self.give_back(e, &other, at, target, now));
         }
         if e.strategy == Strategy::Weighted {
             changes.extend(self.reweigh(e, upstream));
@@ -391,18 +391,21 @@ impl PoolHealth {
         changes
     }
 
-    /// A target incident shows that `upstream` was degraded or quarantined for the target's
-    /// doing: back to healthy with a clean slate, unless something else has taken it out since
-    /// (an operator, a probe, the dead state).
+    /// A target incident shows that `upstream` was degraded or quarantined at `at` for the
+    /// target's doing: back to healthy with a clean slate, unless its state has changed since (an
+    /// operator, a probe, the dead state, another failure).
     fn give_back(
         &self,
         e: &mut Engine,
         upstream: &UpstreamId,
+        at: Instant,
         target: &str,
         now: Instant,
     ) -> Option<Change> {
         let t = e.upstreams.get_mut(upstream)?;
-        if !matches!(t.machine.state(), State::Degraded | State::Quarantined) || t.machine.removed()
+        if !matches!(t.machine.state(), State::Degraded | State::Quarantined)
+            || t.machine.removed()
+            || t.machine.since() != at
         {
             return None;
         }
