@@ -86,6 +86,17 @@ impl Validator {
                     ),
                 );
             }
+            // A name with a username token in it can never log in: a login's account ends
+            // before its first token (`acct-country-us` logs in as `acct`).
+            if !name.is_empty()
+                && !crate::session::parse_username(name).is_ok_and(|l| l.account == *name)
+            {
+                self.problem(
+                    &key,
+                    "the name holds a proxy-username token (`-session-`, `-pool-`, `-country-`, `-type-`, ...), \
+                     so no login can name it: a login's account ends before its first token",
+                );
+            }
             let password_hash = match &u.password_hash {
                 None => {
                     self.problem(

@@ -61,3 +61,25 @@ fn admin_off_loopback_needs_a_token() {
         "{p:?}"
     );
 }
+
+#[test]
+fn user_names_holding_a_username_token_are_refused() {
+    for name in ["acct-country-us", "a-session-b", "team-type-x", "x-pool"] {
+        let p = problems(&format!(
+            "[auth.users.{name:?}]\npassword_hash = {:?}\n[pools.default]\nupstreams = [\"direct://\"]\n",
+            crate::password::dummy_hash()
+        ));
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with(&format!("auth.users.{name}:"))),
+            "{name}: {p:?}"
+        );
+    }
+    for name in ["acct", "brd-customer-hl_1-zone-res", "a-countries-b"] {
+        let text = format!(
+            "[auth.users.{name:?}]\npassword_hash = {:?}\n[pools.default]\nupstreams = [\"direct://\"]\n",
+            crate::password::dummy_hash()
+        );
+        assert!(Config::parse(&text, "t", None).is_ok(), "{name}");
+    }
+}
