@@ -15,6 +15,7 @@ fn config_text() -> impl Strategy<Value = String> {
         "listen",
         "admin_listen",
         "admin_token",
+        "admin_read_token",
         "default_pool",
         "header_read_timeout",
         "max_header_bytes",

@@ -4,6 +4,8 @@
 pub const DEFAULT_PROXY_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
 pub const DEFAULT_POOL: &str = "default";
+/// Shortest admin token (and read token) accepted.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 /// How long a client may take to send a request head before the connection is closed.
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 /// Largest request head (request line + headers) accepted from a client.

@@ -78,6 +78,7 @@ pub(super) struct FileServer {
     pub(super) listen: Option<String>,
     pub(super) admin_listen: Option<String>,
     pub(super) admin_token: Option<String>,
+    pub(super) admin_read_token: Option<String>,
     pub(super) default_pool: Option<String>,
     pub(super) header_read_timeout: Option<String>,
     pub(super) max_header_bytes: Option<usize>,
