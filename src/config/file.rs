@@ -116,6 +116,9 @@ pub(super) struct FilePolicy {
 #[serde(deny_unknown_fields)]
 pub(super) struct FileAuth {
     pub(super) client_cidrs: Option<Vec<String>>,
+    pub(super) max_login_failures: Option<u32>,
+    pub(super) login_failure_window: Option<String>,
+    pub(super) login_lockout: Option<String>,
     #[serde(default)]
     pub(super) users: BTreeMap<String, FileUser>,
 }
