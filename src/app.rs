@@ -260,7 +260,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         gw.clone(),
         admin_listener,
         server::Listener::Admin,
-        |gw, req, _peer| admin::handle(gw, req),
+        move |gw, req, _peer| admin::handle(gw, req, admin_addr.ip()),
     ));
     let ticker = gw.clone();
     listeners.spawn(async move {

@@ -9,18 +9,29 @@
 //! Timing: the stored hash is compared by argon2's own constant-time check; an unknown user is
 //! verified against a dummy hash so that it costs what a known one does; cache keys are looked up
 //! by a keyed hash, which leaks nothing about the password.
+//!
+//! Floods: each client address has a failure budget ([`backoff`], `[auth] max_login_failures`
+//! within `login_failure_window`). Past it, its logins are refused for `login_lockout` before any
+//! check, the cache included (a cache hit would tell a guesser its guess was right), so one
+//! client's wrong passwords cannot keep the argon2 slots busy for everyone.
+
+pub mod backoff;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blake2::{Blake2b512, Digest};
+use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::config::{AuthConfig, UserConfig};
+use crate::config::{AuthConfig, LoginBackoff, UserConfig};
 use crate::password::{dummy_hash, verify};
 pub use crate::password::{hash_password, hash_password_with_cost};
+use backoff::{Backoff, ClientKey};
 
 /// How many successful verifications are remembered at once.
 pub const MAX_AUTH_CACHE_ENTRIES: usize = 10_000;
@@ -37,6 +48,23 @@ pub enum AuthFailure {
     Missing,
     /// Unknown user or wrong password (not told apart, to the client or in logs).
     Invalid,
+    /// Too many failed logins from this client address: refused without a check for this long.
+    LockedOut { retry_after: Duration },
+}
+
+/// What authentication has done since start, for `/status` and `/metrics`.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct AuthStats {
+    /// Passwords checked with argon2 (cache hits and refusals not included).
+    pub password_checks: u64,
+    /// Logins refused for an unknown user or a wrong password.
+    pub failures: u64,
+    /// Logins refused at once, without a check, because their client address was locked out.
+    pub lockout_refusals: u64,
+    /// Client addresses locked out now.
+    pub clients_locked_out: u64,
+    /// Successful checks remembered now.
+    pub cache_entries: u64,
 }
 
 /// Checks proxy credentials; shared by every request.
@@ -45,6 +73,10 @@ pub struct Authenticator {
     key: [u8; 32],
     cache: Mutex<HashMap<[u8; 32], Instant>>,
     verifications: Arc<Semaphore>,
+    backoff: Backoff,
+    password_checks: AtomicU64,
+    failures: AtomicU64,
+    lockout_refusals: AtomicU64,
 }
 
 impl Default for Authenticator {
@@ -59,6 +91,10 @@ impl Authenticator {
             key: rand::random(),
             cache: Mutex::new(HashMap::new()),
             verifications: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFICATIONS)),
+            backoff: Backoff::default(),
+            password_checks: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            lockout_refusals: AtomicU64::new(0),
         }
     }
 
@@ -98,16 +134,50 @@ impl Authenticator {
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Authenticates `user`/`password` against `auth`; returns the user's config on success.
+    /// The counts of `/status`.
+    pub fn stats(&self) -> AuthStats {
+        AuthStats {
+            password_checks: self.password_checks.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            lockout_refusals: self.lockout_refusals.load(Ordering::Relaxed),
+            clients_locked_out: self.backoff.locked_out(Instant::now()) as u64,
+            cache_entries: self.cache_len() as u64,
+        }
+    }
+
+    /// Refuses a locked-out client, counting the refusal.
+    fn refuse_locked_out(
+        &self,
+        client: ClientKey,
+        policy: &LoginBackoff,
+    ) -> Result<(), AuthFailure> {
+        if policy.max_failures == 0 {
+            return Ok(());
+        }
+        match self.backoff.locked(client, Instant::now()) {
+            Some(retry_after) => {
+                self.lockout_refusals.fetch_add(1, Ordering::Relaxed);
+                Err(AuthFailure::LockedOut { retry_after })
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Authenticates `user`/`password` from the client at `client` against `auth`; returns the
+    /// user's config on success. A client locked out by its failures is refused before any check.
     pub async fn authenticate<'a>(
         &self,
         auth: &'a AuthConfig,
+        client: IpAddr,
         user: Option<&str>,
         password: Option<&str>,
     ) -> Result<&'a UserConfig, AuthFailure> {
         let (Some(user), Some(password)) = (user, password) else {
             return Err(AuthFailure::Missing);
         };
+        let client = ClientKey::of(client);
+        let policy = &auth.login_backoff;
+        self.refuse_locked_out(client, policy)?;
         let known = auth.users.get(user);
         let phc = known.map_or_else(|| dummy_hash().to_string(), |u| u.password_hash.clone());
         let key = self.cache_key(user, password, &phc);
@@ -120,6 +190,9 @@ impl Authenticator {
             let Ok(_permit) = self.verifications.clone().acquire_owned().await else {
                 return Err(AuthFailure::Invalid);
             };
+            // The client may have been locked out while this check waited for its slot.
+            self.refuse_locked_out(client, policy)?;
+            self.password_checks.fetch_add(1, Ordering::Relaxed);
             let password = password.to_string();
             tokio::task::spawn_blocking(move || verify(&phc, &password))
                 .await
@@ -130,7 +203,18 @@ impl Authenticator {
                 self.remember(key);
                 Ok(u)
             }
-            _ => Err(AuthFailure::Invalid),
+            _ => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                if self.backoff.failed(client, policy, Instant::now()) {
+                    tracing::warn!(
+                        client = %client,
+                        failures = policy.max_failures,
+                        lockout_s = policy.lockout.as_secs(),
+                        "too many failed proxy logins from one client: its logins are refused for a while"
+                    );
+                }
+                Err(AuthFailure::Invalid)
+            }
         }
     }
 }
@@ -138,6 +222,8 @@ impl Authenticator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
 
     fn config(user: &str, password: &str) -> AuthConfig {
         let mut c = AuthConfig::default();
@@ -157,31 +243,31 @@ mod tests {
         let c = config("alice", "correct horse");
         let a = Authenticator::new();
         assert_eq!(
-            a.authenticate(&c, None, None).await.unwrap_err(),
+            a.authenticate(&c, CLIENT, None, None).await.unwrap_err(),
             AuthFailure::Missing
         );
         assert!(
-            a.authenticate(&c, Some("alice"), Some("correct horse"))
+            a.authenticate(&c, CLIENT, Some("alice"), Some("correct horse"))
                 .await
                 .is_ok()
         );
         assert_eq!(a.cache_len(), 1);
         // Cached now; a wrong password still fails, and is not remembered.
         assert!(
-            a.authenticate(&c, Some("alice"), Some("correct horse"))
+            a.authenticate(&c, CLIENT, Some("alice"), Some("correct horse"))
                 .await
                 .is_ok()
         );
         for wrong in ["correct hors", "correct horse ", "", "CORRECT HORSE"] {
             assert_eq!(
-                a.authenticate(&c, Some("alice"), Some(wrong))
+                a.authenticate(&c, CLIENT, Some("alice"), Some(wrong))
                     .await
                     .unwrap_err(),
                 AuthFailure::Invalid
             );
         }
         assert_eq!(
-            a.authenticate(&c, Some("bob"), Some("correct horse"))
+            a.authenticate(&c, CLIENT, Some("bob"), Some("correct horse"))
                 .await
                 .unwrap_err(),
             AuthFailure::Invalid
@@ -190,15 +276,100 @@ mod tests {
         // A changed hash (a reload) does not reuse the old entry.
         let c2 = config("alice", "new password");
         assert!(
-            a.authenticate(&c2, Some("alice"), Some("correct horse"))
+            a.authenticate(&c2, CLIENT, Some("alice"), Some("correct horse"))
                 .await
                 .is_err()
         );
         assert!(
-            a.authenticate(&c2, Some("alice"), Some("new password"))
+            a.authenticate(&c2, CLIENT, Some("alice"), Some("new password"))
                 .await
                 .is_ok()
         );
+    }
+
+    /// N wrong passwords from one client lock it out: the next login, even with the right
+    /// password (cached or not), is refused at once without an argon2 check; another client is
+    /// unaffected; after the lockout the right password works again.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_past_its_failure_budget_is_refused_without_a_check_until_the_lockout_ends() {
+        let mut c = config("alice", "correct horse");
+        c.login_backoff = LoginBackoff {
+            max_failures: 3,
+            window: Duration::from_secs(60),
+            lockout: Duration::from_secs(60),
+        };
+        let a = Authenticator::new();
+        let other = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+        // Cached from before: the lockout must not let a cache hit through either.
+        assert!(
+            a.authenticate(&c, CLIENT, Some("alice"), Some("correct horse"))
+                .await
+                .is_ok()
+        );
+        for i in 0..3 {
+            assert_eq!(
+                a.authenticate(&c, CLIENT, Some("alice"), Some("wrong"))
+                    .await
+                    .unwrap_err(),
+                AuthFailure::Invalid,
+                "{i}"
+            );
+        }
+        let s = a.stats();
+        assert_eq!((s.password_checks, s.failures), (4, 3));
+        assert_eq!((s.lockout_refusals, s.clients_locked_out), (0, 1));
+
+        for pw in ["correct horse", "wrong"] {
+            let e = a
+                .authenticate(&c, CLIENT, Some("alice"), Some(pw))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(e, AuthFailure::LockedOut { retry_after } if retry_after <= Duration::from_secs(60)),
+                "{e:?}"
+            );
+        }
+        // Without credentials it is just missing: there is no check to save.
+        assert_eq!(
+            a.authenticate(&c, CLIENT, None, None).await.unwrap_err(),
+            AuthFailure::Missing
+        );
+        let s = a.stats();
+        assert_eq!(s.password_checks, 4, "no argon2 check while locked out");
+        assert_eq!(s.lockout_refusals, 2);
+
+        // Another client address is unaffected.
+        assert!(
+            a.authenticate(&c, other, Some("alice"), Some("correct horse"))
+                .await
+                .is_ok()
+        );
+
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(matches!(
+            a.authenticate(&c, CLIENT, Some("alice"), Some("correct horse"))
+                .await
+                .unwrap_err(),
+            AuthFailure::LockedOut { .. }
+        ));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(
+            a.authenticate(&c, CLIENT, Some("alice"), Some("correct horse"))
+                .await
+                .is_ok()
+        );
+        assert_eq!(a.stats().clients_locked_out, 0);
+
+        // Turned off (max_login_failures = 0): wrong passwords are only ever wrong.
+        c.login_backoff.max_failures = 0;
+        for _ in 0..5 {
+            assert_eq!(
+                a.authenticate(&c, other, Some("alice"), Some("wrong"))
+                    .await
+                    .unwrap_err(),
+                AuthFailure::Invalid
+            );
+        }
     }
 
     #[test]

@@ -43,6 +43,12 @@ pub enum ProxyError {
         "proxy authentication required: send Proxy-Authorization: Basic <base64 of user:password>"
     )]
     AuthRequired,
+    /// Too many failed logins from the client's address: refused without a password check.
+    #[error(
+        "too many failed proxy logins from this address: logins are refused for now; retry after {}s",
+        retry_after_secs(*retry_after)
+    )]
+    AuthLockedOut { retry_after: Duration },
     /// The client's address is not in `auth.client_cidrs`.
     #[error("this client address may not use the proxy")]
     ClientDenied,

@@ -51,6 +51,12 @@ enum Command {
         /// Print the raw JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Token for an admin listener whose reads need one (server.admin_read_token or
+        /// server.admin_token). Prefer the POOLGATE_ADMIN_TOKEN variable: arguments show in
+        /// process lists. Without either, the config's tokens are used when it is read for the
+        /// address.
+        #[arg(long)]
+        token: Option<String>,
     },
     /// The TLS interception CA.
     Ca {
@@ -189,18 +195,26 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Status { admin, json } => {
+        Command::Status { admin, json, token } => {
+            use poolgate::admin::client::{TOKEN_ENV, fetch_status};
+            let mut token =
+                token.or_else(|| std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()));
             let addr = match admin {
                 Some(a) => a,
                 None => match Config::load(&cli.config) {
-                    Ok(c) => c.server.admin_listen.to_string(),
+                    Ok(c) => {
+                        if token.is_none() {
+                            token = c.server.admin_read_token.or(c.server.admin_token);
+                        }
+                        c.server.admin_listen.to_string()
+                    }
                     Err(e) => {
                         eprintln!("{e}");
                         return ExitCode::from(EXIT_BAD_CONFIG);
                     }
                 },
             };
-            let shown = poolgate::admin::client::fetch_status(&addr).and_then(|body| {
+            let shown = fetch_status(&addr, token.as_deref()).and_then(|body| {
                 if json {
                     Ok(body)
                 } else {

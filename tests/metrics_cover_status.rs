@@ -288,6 +288,26 @@ const TABLE: &[(&str, Want)] = &[
         "intercept.cert_cache_capacity",
         Series(&[("poolgate_intercept_cert_cache_capacity", &[])]),
     ),
+    (
+        "auth.password_checks",
+        Series(&[("poolgate_auth_password_checks_total", &[])]),
+    ),
+    (
+        "auth.failures",
+        Series(&[("poolgate_auth_failures_total", &[])]),
+    ),
+    (
+        "auth.lockout_refusals",
+        Series(&[("poolgate_auth_lockout_refusals_total", &[])]),
+    ),
+    (
+        "auth.clients_locked_out",
+        Series(&[("poolgate_auth_clients_locked_out", &[])]),
+    ),
+    (
+        "auth.cache_entries",
+        Series(&[("poolgate_auth_cache_entries", &[])]),
+    ),
 ];
 
 /// Array elements whose field names the series of everything under them: (element path, field,

@@ -1,4 +1,5 @@
-//! The tiny client behind `poolgate status`: one GET over a plain TCP socket, bounded in time.
+//! The tiny client behind `poolgate status`: one GET over a plain TCP socket, bounded in time,
+//! with a Bearer token when the admin listener needs one for reads.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -7,8 +8,16 @@ use std::time::Duration;
 const TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_RESPONSE_BYTES: u64 = 16 * 1024 * 1024;
 
-/// Fetches `/status` from `addr` (`host:port`, or an `http://host:port` URL).
-pub fn fetch_status(addr: &str) -> Result<String, String> {
+/// The environment variable `poolgate status` reads its token from.
+pub const TOKEN_ENV: &str = "POOLGATE_ADMIN_TOKEN";
+
+/// Fetches `/status` from `addr` (`host:port`, or an `http://host:port` URL), sending `token` (the
+/// read token or the admin token) as a Bearer token when given. Errors never contain the token.
+pub fn fetch_status(addr: &str, token: Option<&str>) -> Result<String, String> {
+    // Checked before anything is sent: a line break would end the header early.
+    if token.is_some_and(|t| t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic())) {
+        return Err("the admin token must be visible ASCII without spaces".to_string());
+    }
     let hostport = addr
         .trim_start_matches("http://")
         .trim_end_matches('/')
@@ -24,9 +33,12 @@ pub fn fetch_status(addr: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(TIMEOUT))
         .map_err(|e| e.to_string())?;
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "GET /status HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
+        "GET /status HTTP/1.1\r\nHost: {hostport}\r\n{authorization}Connection: close\r\n\r\n"
     )
     .map_err(|e| e.to_string())?;
     let mut raw = Vec::new();
@@ -36,7 +48,16 @@ pub fn fetch_status(addr: &str) -> Result<String, String> {
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").ok_or("malformed response")?;
     if !head.starts_with("HTTP/1.1 200") {
-        return Err(head.lines().next().unwrap_or("no status line").to_string());
+        let line = head.lines().next().unwrap_or("no status line").to_string();
+        if head.starts_with("HTTP/1.1 401") {
+            let hint = if token.is_some() {
+                "the token was refused".to_string()
+            } else {
+                format!("this admin listener needs a token: pass --token or set {TOKEN_ENV}")
+            };
+            return Err(format!("{line} ({hint})"));
+        }
+        return Err(line);
     }
     Ok(body.to_string())
 }

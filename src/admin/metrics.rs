@@ -295,6 +295,38 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
         one(i.cert_cache_capacity as u64),
     );
 
+    let a = &s.auth;
+    family(
+        "poolgate_auth_password_checks",
+        "Proxy passwords checked with argon2 since start (cache hits and lockout refusals not included)",
+        true,
+        one(a.password_checks),
+    );
+    family(
+        "poolgate_auth_failures",
+        "Proxy logins refused for an unknown user or a wrong password since start",
+        true,
+        one(a.failures),
+    );
+    family(
+        "poolgate_auth_lockout_refusals",
+        "Proxy logins refused without a check since start, their client address being locked out by its failed logins",
+        true,
+        one(a.lockout_refusals),
+    );
+    family(
+        "poolgate_auth_clients_locked_out",
+        "Client addresses whose proxy logins are refused now after too many failures",
+        false,
+        one(a.clients_locked_out),
+    );
+    family(
+        "poolgate_auth_cache_entries",
+        "Successful proxy password checks remembered now",
+        false,
+        one(a.cache_entries),
+    );
+
     let mut allocations = Vec::new();
     let mut outcomes = Vec::new();
     let mut quarantines = Vec::new();

@@ -1,7 +1,9 @@
 //! The admin listener: `/status` (JSON), `/metrics` (Prometheus), `/dashboard`, `/healthz`,
 //! `/readyz`, `POST /feedback` ([`crate::feedback`]), `POST /admin/reload` and the other
-//! token-protected admin actions under `/admin/`.
+//! token-protected admin actions under `/admin/`. Off loopback, or with
+//! `server.admin_read_token` set, the reads need a token too ([`access`]).
 
+pub mod access;
 pub mod actions;
 pub mod client;
 pub mod dashboard;
@@ -9,6 +11,7 @@ pub mod metrics;
 pub mod status;
 pub mod traffic;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -17,8 +20,17 @@ use hyper::body::Incoming;
 use crate::body::{self, Body};
 use crate::state::Gateway;
 
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+/// Serves one request of the admin listener bound to `bound` (its address decides whether reads
+/// need a token, see [`access`]).
+pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, bound: IpAddr) -> Response<Body> {
     let path = req.uri().path().to_string();
+    if req.method() == Method::GET
+        && matches!(path.as_str(), "/status" | "/metrics" | "/" | "/dashboard")
+    {
+        if let Err(denied) = access::authorize_read(&gw.live.load().server, bound, req.headers()) {
+            return *denied;
+        }
+    }
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         // Not ready once shutdown begins, so a load balancer stops sending new clients.

@@ -20,6 +20,8 @@ pub struct Status {
     pub traffic: crate::admin::traffic::TrafficView,
     /// TLS interception counters (docs/operations.md, "Admin endpoint").
     pub intercept: crate::intercept::InterceptStatus,
+    /// Proxy logins: password checks, failures, lockouts (see `crate::auth`).
+    pub auth: crate::auth::AuthStats,
 }
 
 #[derive(Serialize)]
@@ -155,5 +157,6 @@ pub async fn collect(gw: &Gateway) -> Status {
         pools: views,
         traffic: crate::admin::traffic::TrafficView::collect(gw).await,
         intercept: gw.intercept.status(),
+        auth: gw.auth.stats(),
     }
 }

@@ -3,9 +3,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use super::Rate;
-use super::defaults::MAX_USER_NAME_LEN;
+use super::defaults::{
+    DEFAULT_LOGIN_FAILURE_WINDOW_MS, DEFAULT_LOGIN_LOCKOUT_MS, DEFAULT_MAX_LOGIN_FAILURES,
+    MAX_LOGIN_BACKOFF_MS, MAX_USER_NAME_LEN,
+};
 use super::file::FileAuth;
 use super::validate::Validator;
 
@@ -16,6 +20,29 @@ pub struct AuthConfig {
     pub client_cidrs: Option<Vec<ipnet::IpNet>>,
     /// Users by name. When there is at least one, every proxy request must authenticate.
     pub users: BTreeMap<String, UserConfig>,
+    /// How many failed logins one client address gets before its logins are refused for a while.
+    pub login_backoff: LoginBackoff,
+}
+
+/// The per-client failure budget of logins (see `crate::auth`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoginBackoff {
+    /// Failed logins within `window` that lock a client address out; 0 turns the back-off off.
+    pub max_failures: u32,
+    /// How long failures are counted from the first of them.
+    pub window: Duration,
+    /// How long a locked-out address is refused without a password check.
+    pub lockout: Duration,
+}
+
+impl Default for LoginBackoff {
+    fn default() -> Self {
+        LoginBackoff {
+            max_failures: DEFAULT_MAX_LOGIN_FAILURES,
+            window: Duration::from_millis(DEFAULT_LOGIN_FAILURE_WINDOW_MS),
+            lockout: Duration::from_millis(DEFAULT_LOGIN_LOCKOUT_MS),
+        }
+    }
 }
 
 impl AuthConfig {
@@ -86,6 +113,17 @@ impl Validator {
                     ),
                 );
             }
+            // A name with a username token in it can never log in: a login's account ends
+            // before its first token (`acct-country-us` logs in as `acct`).
+            if !name.is_empty()
+                && !crate::session::parse_username(name).is_ok_and(|l| l.account == *name)
+            {
+                self.problem(
+                    &key,
+                    "the name holds a proxy-username token (`-session-`, `-pool-`, `-country-`, `-type-`, ...), \
+                     so no login can name it: a login's account ends before its first token",
+                );
+            }
             let password_hash = match &u.password_hash {
                 None => {
                     self.problem(
@@ -129,9 +167,31 @@ impl Validator {
                 },
             );
         }
+        let login_backoff = LoginBackoff {
+            max_failures: a.max_login_failures.unwrap_or(DEFAULT_MAX_LOGIN_FAILURES),
+            window: self.duration(
+                "auth.login_failure_window",
+                a.login_failure_window.as_deref(),
+                DEFAULT_LOGIN_FAILURE_WINDOW_MS,
+            ),
+            lockout: self.duration(
+                "auth.login_lockout",
+                a.login_lockout.as_deref(),
+                DEFAULT_LOGIN_LOCKOUT_MS,
+            ),
+        };
+        for (key, d) in [
+            ("auth.login_failure_window", login_backoff.window),
+            ("auth.login_lockout", login_backoff.lockout),
+        ] {
+            if d > Duration::from_millis(MAX_LOGIN_BACKOFF_MS) {
+                self.problem(key, "must be at most 24h");
+            }
+        }
         AuthConfig {
             client_cidrs,
             users,
+            login_backoff,
         }
     }
 }

@@ -4,6 +4,8 @@
 pub const DEFAULT_PROXY_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8081";
 pub const DEFAULT_POOL: &str = "default";
+/// Shortest admin token (and read token) accepted.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 /// How long a client may take to send a request head before the connection is closed.
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 /// Largest request head (request line + headers) accepted from a client.
@@ -21,6 +23,13 @@ pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_TUNNEL_IDLE_TIMEOUT_MS: u64 = 5 * 60_000;
 /// Largest request body forwarded (bytes); bodies stream through, nothing is buffered.
 pub const DEFAULT_MAX_REQUEST_BODY_BYTES: u64 = 100 * 1024 * 1024;
+/// Failed logins from one client address within `login_failure_window` before its logins are
+/// refused for `login_lockout` without checking a password.
+pub const DEFAULT_MAX_LOGIN_FAILURES: u32 = 10;
+pub const DEFAULT_LOGIN_FAILURE_WINDOW_MS: u64 = 60_000;
+pub const DEFAULT_LOGIN_LOCKOUT_MS: u64 = 60_000;
+/// Longest failure window or lockout accepted.
+pub const MAX_LOGIN_BACKOFF_MS: u64 = 24 * 3_600_000;
 /// Longest user name accepted in `[auth.users]`.
 pub const MAX_USER_NAME_LEN: usize = 128;
 /// How long in-flight requests and tunnels get to finish after SIGTERM.

@@ -78,6 +78,7 @@ pub(super) struct FileServer {
     pub(super) listen: Option<String>,
     pub(super) admin_listen: Option<String>,
     pub(super) admin_token: Option<String>,
+    pub(super) admin_read_token: Option<String>,
     pub(super) default_pool: Option<String>,
     pub(super) header_read_timeout: Option<String>,
     pub(super) max_header_bytes: Option<usize>,
@@ -115,6 +116,9 @@ pub(super) struct FilePolicy {
 #[serde(deny_unknown_fields)]
 pub(super) struct FileAuth {
     pub(super) client_cidrs: Option<Vec<String>>,
+    pub(super) max_login_failures: Option<u32>,
+    pub(super) login_failure_window: Option<String>,
+    pub(super) login_lockout: Option<String>,
     #[serde(default)]
     pub(super) users: BTreeMap<String, FileUser>,
 }

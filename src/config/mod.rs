@@ -33,7 +33,7 @@ use std::path::Path;
 
 use crate::intercept::InterceptConfig;
 
-pub use auth::{AuthConfig, UserConfig};
+pub use auth::{AuthConfig, LoginBackoff, UserConfig};
 pub use captcha::{CaptchaConfig, DEFAULT_CAPTCHA_MARKERS, DEFAULT_SNIFF_BYTES, MAX_SNIFF_BYTES};
 pub use defaults::*;
 pub use error::ConfigError;

@@ -13,6 +13,10 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// Required for admin actions, and for any admin address that is not loopback.
     pub admin_token: Option<String>,
+    /// Lets its bearer read `/status`, `/metrics` and the dashboard (the admin token does too).
+    /// Set, reads need a token on any admin address; unset, only on an address that is not
+    /// loopback (see `crate::admin::access`).
+    pub admin_read_token: Option<String>,
     pub header_read_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_connections: u32,
@@ -70,8 +74,26 @@ impl Validator {
                 format!("must be between 1 and {MAX_WORKERS}"),
             );
         }
-        if s.admin_token.as_deref().is_some_and(|t| t.len() < 16) {
-            self.problem("server.admin_token", "must be at least 16 characters");
+        // Never echo a token's value.
+        if s.admin_token
+            .as_deref()
+            .is_some_and(|t| t.len() < MIN_ADMIN_TOKEN_LEN)
+        {
+            self.problem(
+                "server.admin_token",
+                format!("must be at least {MIN_ADMIN_TOKEN_LEN} characters"),
+            );
+        }
+        match s.admin_read_token.as_deref() {
+            Some(t) if t.len() < MIN_ADMIN_TOKEN_LEN => self.problem(
+                "server.admin_read_token",
+                format!("must be at least {MIN_ADMIN_TOKEN_LEN} characters"),
+            ),
+            Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => self.problem(
+                "server.admin_read_token",
+                "must be visible ASCII without spaces (it is sent in a header)",
+            ),
+            _ => {}
         }
         ServerConfig {
             listen: self.addr("server.listen", s.listen.as_deref(), DEFAULT_PROXY_LISTEN),
@@ -81,6 +103,7 @@ impl Validator {
                 DEFAULT_ADMIN_LISTEN,
             ),
             admin_token: s.admin_token,
+            admin_read_token: s.admin_read_token,
             header_read_timeout: self.duration(
                 "server.header_read_timeout",
                 s.header_read_timeout.as_deref(),

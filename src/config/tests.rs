@@ -61,3 +61,79 @@ fn admin_off_loopback_needs_a_token() {
         "{p:?}"
     );
 }
+
+#[test]
+fn admin_read_token_and_login_backoff_are_read_and_bounded() {
+    let pool = "[pools.default]\nupstreams = [\"direct://\"]\n";
+    let c = Config::parse(
+        &format!(
+            "[server]\nadmin_read_token = \"0123456789abcdef\"\n\
+             [auth]\nmax_login_failures = 5\nlogin_failure_window = \"30s\"\nlogin_lockout = \"5m\"\n{pool}"
+        ),
+        "t",
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        c.server.admin_read_token.as_deref(),
+        Some("0123456789abcdef")
+    );
+    assert_eq!(
+        c.auth.login_backoff,
+        LoginBackoff {
+            max_failures: 5,
+            window: std::time::Duration::from_secs(30),
+            lockout: std::time::Duration::from_secs(300),
+        }
+    );
+    let c = Config::parse(pool, "t", None).unwrap();
+    assert_eq!(c.server.admin_read_token, None);
+    assert_eq!(c.auth.login_backoff, LoginBackoff::default());
+    assert_eq!(c.auth.login_backoff.max_failures, 10);
+
+    for (text, key) in [
+        (
+            "[server]\nadmin_read_token = \"short-secret\"\n",
+            "server.admin_read_token",
+        ),
+        (
+            "[server]\nadmin_read_token = \"with spaces 0123456789\"\n",
+            "server.admin_read_token",
+        ),
+        ("[auth]\nlogin_lockout = \"25h\"\n", "auth.login_lockout"),
+        (
+            "[auth]\nlogin_failure_window = \"0s\"\n",
+            "auth.login_failure_window",
+        ),
+    ] {
+        let p = problems(&format!("{text}{pool}"));
+        assert!(p.iter().any(|m| m.starts_with(key)), "{text}: {p:?}");
+        let joined = p.join("\n");
+        assert!(
+            !joined.contains("short-secret") && !joined.contains("with spaces"),
+            "{joined}"
+        );
+    }
+}
+
+#[test]
+fn user_names_holding_a_username_token_are_refused() {
+    for name in ["acct-country-us", "a-session-b", "team-type-x", "x-pool"] {
+        let p = problems(&format!(
+            "[auth.users.{name:?}]\npassword_hash = {:?}\n[pools.default]\nupstreams = [\"direct://\"]\n",
+            crate::password::dummy_hash()
+        ));
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with(&format!("auth.users.{name}:"))),
+            "{name}: {p:?}"
+        );
+    }
+    for name in ["acct", "brd-customer-hl_1-zone-res", "a-countries-b"] {
+        let text = format!(
+            "[auth.users.{name:?}]\npassword_hash = {:?}\n[pools.default]\nupstreams = [\"direct://\"]\n",
+            crate::password::dummy_hash()
+        );
+        assert!(Config::parse(&text, "t", None).is_ok(), "{name}");
+    }
+}

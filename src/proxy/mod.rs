@@ -22,6 +22,7 @@ use hyper::body::Incoming;
 
 use crate::accounting::{End, Ticket};
 use crate::admit;
+use crate::auth::AuthFailure;
 use crate::error::ProxyError;
 use crate::limits::Guarded;
 use crate::outcome::Outcome;
@@ -110,9 +111,17 @@ pub async fn route(
     let user = if live.auth.required() {
         let user = gw
             .auth
-            .authenticate(&live.auth, ask.user.as_deref(), ask.password.as_deref())
+            .authenticate(
+                &live.auth,
+                peer.ip(),
+                ask.user.as_deref(),
+                ask.password.as_deref(),
+            )
             .await
-            .map_err(|_| ProxyError::AuthRequired)?;
+            .map_err(|e| match e {
+                AuthFailure::LockedOut { retry_after } => ProxyError::AuthLockedOut { retry_after },
+                AuthFailure::Missing | AuthFailure::Invalid => ProxyError::AuthRequired,
+            })?;
         Some(user)
     } else {
         None

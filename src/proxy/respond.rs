@@ -59,6 +59,11 @@ impl ErrorResponse for ProxyError {
                 "auth-required",
                 "http_request_denied",
             ),
+            AuthLockedOut { .. } => (
+                StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+                "auth-locked-out",
+                "http_request_denied",
+            ),
             ClientDenied => (
                 StatusCode::FORBIDDEN,
                 "client-denied",
@@ -168,7 +173,8 @@ impl ErrorResponse for ProxyError {
         if let ProxyError::RateLimited {
             retry_after: Some(d),
             ..
-        } = self
+        }
+        | ProxyError::AuthLockedOut { retry_after: d } = self
         {
             h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(*d)));
         }

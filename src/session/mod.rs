@@ -28,7 +28,7 @@ mod username;
 pub use header::SESSION_HEADERS;
 use header::{BASIC_FORM, HeaderSession, basic_credentials, header_pool, header_session};
 use username::label_form;
-pub use username::{UsernameLabels, parse_username};
+pub use username::{Targeting, UsernameLabels, parse_username};
 
 /// Longest session key accepted, from a header or a username.
 pub const MAX_SESSION_KEY_LEN: usize = 128;
@@ -36,6 +36,8 @@ pub const MAX_SESSION_KEY_LEN: usize = 128;
 pub const MAX_POOL_NAME_LEN: usize = 64;
 /// Longest session lifetime a username may ask for, in minutes (one day).
 pub const MAX_LIFETIME_MINUTES: u64 = 1440;
+/// Longest value of a username targeting label (`-country-`, `-city-`, …).
+pub const MAX_TARGETING_LEN: usize = 64;
 
 /// A [`SessionKey`]'s form, for the messages of both grammars.
 const HEADER_KEY_FORM: &str = "<key>, 1 to 128 characters of [A-Za-z0-9._~:@+=-]";

@@ -36,10 +36,12 @@ fn error_messages_say_what_and_the_expected_form() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("`-session-`") && e.contains("`-sessid-`"), "{e}");
+    let e = parse_username("u-session-a-Zone").unwrap_err().to_string();
+    assert!(e.contains("`-Zone`"), "{e}");
     let e = parse_username("u-session-a-Country")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("`-Country`"), "{e}");
+    assert!(e.contains("`-country-` needs a value"), "{e}");
     let e = parse(&headers(b"x-pool-name: a.b"))
         .unwrap_err()
         .to_string();
@@ -215,6 +217,10 @@ const REQUESTS: &[(&[u8], Result<Want, &str>)] = &[
     (
         b"basic: u-pool-eu-sessid-s1-sesstime-10:pw",
         Ok(W.creds("u", "pw").key("s1").pool("eu").ttl(10)),
+    ),
+    (
+        b"basic: acct-country-us-session-a:pw",
+        Ok(W.creds("acct", "pw").key("a")),
     ),
     (b"basic: u-session-:pw", Err("MissingValue")),
     (b"basic: session-a:pw", Err("EmptyAccount")),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{MAX_LIFETIME_MINUTES, MAX_POOL_NAME_LEN, MAX_SESSION_KEY_LEN};
+use super::{MAX_LIFETIME_MINUTES, MAX_POOL_NAME_LEN, MAX_SESSION_KEY_LEN, MAX_TARGETING_LEN};
 use super::{SessionError, SessionKey, is_name, shown};
 
 /// What a proxy username carries: `<account>[-<label>-<value>]…`.
@@ -18,15 +18,35 @@ pub struct UsernameLabels {
     pub ttl: Option<Duration>,
     /// From `-pool-`.
     pub pool: Option<String>,
+    /// From the targeting labels (`-country-`, `-city-`, `-state-`, `-asn-`, `-type-`): read and
+    /// checked, so they end the account, but not used to pick upstreams yet.
+    pub targeting: Targeting,
+}
+
+/// What the targeting labels of a username ask for. Read and checked, not acted on yet: they are
+/// recognised so that `acct-country-us-session-a` logs in as `acct`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Targeting {
+    /// From `-country-`.
+    pub country: Option<String>,
+    /// From `-city-`.
+    pub city: Option<String>,
+    /// From `-state-`.
+    pub state: Option<String>,
+    /// From `-asn-`.
+    pub asn: Option<String>,
+    /// From `-type-` (residential, mobile, datacenter…).
+    pub kind: Option<String>,
 }
 
 /// Reads the labels of a proxy username: `<account>[-<label>-<value>]…`.
 ///
 /// The account is everything before the first recognised label, so accounts of other gateways
-/// (`brd-customer-hl_1-zone-res`) pass through whole. From there on the username is read as
-/// label/value pairs; labels match case-insensitively, values are case-sensitive, and pairs with
-/// unrecognised labels (`-country-us`) are skipped, being meant for some other gateway. A username
-/// without any recognised label is all account, even an empty one.
+/// (`brd-customer-hl_1-zone-res`) pass through whole, and targeting labels (`-country-us`) end the
+/// account like the session ones do. From there on the username is read as label/value pairs;
+/// labels match case-insensitively, values are case-sensitive, and pairs with unrecognised labels
+/// (`-zone-x`) are skipped, being meant for some other gateway. A username without any recognised
+/// label is all account, even an empty one.
 pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
     let tokens: Vec<&str> = username.split('-').collect();
     let Some(start) = tokens.iter().position(|t| recognise(t).is_some()) else {
@@ -47,6 +67,11 @@ pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
     let mut session = None;
     let mut ttl = None;
     let mut pool = None;
+    let mut country = None;
+    let mut city = None;
+    let mut state = None;
+    let mut asn = None;
+    let mut kind_of_ip = None;
     for pair in tokens.get(start..).unwrap_or_default().chunks(2) {
         let (label, value) = match *pair {
             [label, value] => (label, value),
@@ -71,6 +96,11 @@ pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
             Kind::Session => take(&mut session, label, value, session_key)?,
             Kind::Lifetime => take(&mut ttl, label, value, lifetime)?,
             Kind::Pool => take(&mut pool, label, value, pool_name)?,
+            Kind::Country => take(&mut country, label, value, targeting_value)?,
+            Kind::City => take(&mut city, label, value, targeting_value)?,
+            Kind::State => take(&mut state, label, value, targeting_value)?,
+            Kind::Asn => take(&mut asn, label, value, targeting_value)?,
+            Kind::Type => take(&mut kind_of_ip, label, value, targeting_value)?,
         }
     }
     Ok(UsernameLabels {
@@ -78,6 +108,13 @@ pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
         session: session.map(|s| s.1),
         ttl: ttl.map(|t| t.1),
         pool: pool.map(|p| p.1),
+        targeting: Targeting {
+            country: country.map(|v| v.1),
+            city: city.map(|v| v.1),
+            state: state.map(|v| v.1),
+            asn: asn.map(|v| v.1),
+            kind: kind_of_ip.map(|v| v.1),
+        },
     })
 }
 
@@ -110,6 +147,11 @@ enum Kind {
     Session,
     Lifetime,
     Pool,
+    Country,
+    City,
+    State,
+    Asn,
+    Type,
 }
 
 /// Recognised username labels, lower-case, with the gateway habit each comes from. Another
@@ -122,6 +164,12 @@ const LABELS: &[(&str, Kind)] = &[
     ("sessionduration", Kind::Lifetime), // Decodo
     ("lifetime", Kind::Lifetime),        // generic
     ("pool", Kind::Pool),
+    // Targeting, as Bright Data, Decodo, Oxylabs and SOAX spell it: read, not used yet.
+    ("country", Kind::Country),
+    ("city", Kind::City),
+    ("state", Kind::State),
+    ("asn", Kind::Asn),
+    ("type", Kind::Type),
 ];
 
 fn recognise(token: &str) -> Option<(&'static str, Kind)> {
@@ -139,6 +187,9 @@ pub(super) fn label_form(label: &str) -> String {
         }
         Some(Kind::Pool) => {
             format!("<user>-{label}-<name>, 1 to {MAX_POOL_NAME_LEN} characters of [A-Za-z0-9_]")
+        }
+        Some(Kind::Country | Kind::City | Kind::State | Kind::Asn | Kind::Type) => {
+            format!("<user>-{label}-<value>, 1 to {MAX_TARGETING_LEN} characters of [A-Za-z0-9_.]")
         }
         Some(Kind::Session) | None => {
             format!("<user>-{label}-<key>, 1 to {MAX_SESSION_KEY_LEN} characters of [A-Za-z0-9_.]")
@@ -163,6 +214,14 @@ fn session_key(value: &str) -> Option<SessionKey> {
         c.is_ascii_alphanumeric() || c == '_' || c == '.'
     })
     .then(|| SessionKey(value.to_owned()))
+}
+
+/// A targeting value (`us`, `new_york`, `7922`, `residential`): a name without `-`, kept as given.
+fn targeting_value(value: &str) -> Option<String> {
+    is_name(value, MAX_TARGETING_LEN, |c| {
+        c.is_ascii_alphanumeric() || c == '_' || c == '.'
+    })
+    .then(|| value.to_owned())
 }
 
 /// Username pool names cannot hold `-` either, unlike `X-Pool-Name`.
@@ -227,8 +286,9 @@ pub(super) mod tests {
         ("plainuser", Ok(acct("plainuser"))),
         ("", Ok(acct(""))),
         ("a-b-c", Ok(acct("a-b-c"))),
-        ("u-country-us-zone-x", Ok(acct("u-country-us-zone-x"))),
+        ("u-zone-x-region-y", Ok(acct("u-zone-x-region-y"))),
         ("u-sessions-x", Ok(acct("u-sessions-x"))),
+        ("u-countries-us", Ok(acct("u-countries-us"))),
         // The three session labels.
         ("user-session-abc", Ok(acct("user").key("abc"))),
         ("u-sessid-x1", Ok(acct("u").key("x1"))),
@@ -238,7 +298,10 @@ pub(super) mod tests {
             "brd-customer-hl_1-zone-res-session-k9",
             Ok(acct("brd-customer-hl_1-zone-res").key("k9")),
         ),
-        ("u-country-us-session-a", Ok(acct("u-country-us").key("a"))),
+        // Targeting labels end the account too (their values: `TARGETING`).
+        ("u-country-us-session-a", Ok(acct("u").key("a"))),
+        ("u-country-us-zone-x", Ok(acct("u"))),
+        ("u-zone-x-type-mobile", Ok(acct("u-zone-x"))),
         // Lifetimes, in minutes.
         (
             "customer-acme-sessid-x1-sesstime-10",
@@ -264,8 +327,8 @@ pub(super) mod tests {
         ("u-PoOl-EU", Ok(acct("u").pool("EU"))),
         // Unrecognised pairs after the first label are skipped, repeated or empty.
         ("u-session-a-country-us-zone-x", Ok(acct("u").key("a"))),
-        ("u-session-a-country-us-country-de", Ok(acct("u").key("a"))),
-        ("u-session-a-country-", Ok(acct("u").key("a"))),
+        ("u-session-a-zone-x-zone-y", Ok(acct("u").key("a"))),
+        ("u-session-a-zone-", Ok(acct("u").key("a"))),
         // Username key grammar: [A-Za-z0-9_.].
         ("u-session-a.b_C9", Ok(acct("u").key("a.b_C9"))),
         ("u-session-a!b", Err("InvalidValue")),
@@ -277,6 +340,9 @@ pub(super) mod tests {
         ("u-session--country-us", Err("MissingValue")),
         ("u-session-a-sesstime", Err("MissingValue")),
         ("u-pool-", Err("MissingValue")),
+        ("u-session-a-country-", Err("MissingValue")),
+        ("u-session-a-country", Err("MissingValue")),
+        ("u-type", Err("MissingValue")),
         // Invalid lifetimes.
         ("u-sesstime-abc", Err("InvalidValue")),
         ("u-session-a-sesstime-0", Err("InvalidValue")),
@@ -291,7 +357,7 @@ pub(super) mod tests {
         ("u-pool-e.u", Err("InvalidValue")),
         ("u-pool-eu-west", Err("DanglingLabel")),
         // Dangling and empty labels.
-        ("u-session-a-country", Err("DanglingLabel")),
+        ("u-session-a-zone", Err("DanglingLabel")),
         ("u-session-a-", Err("EmptyLabel")),
         ("u-session-a--x", Err("EmptyLabel")),
         // Given twice, by the same or another spelling.
@@ -301,10 +367,14 @@ pub(super) mod tests {
         ("u-sesstime-1-lifetime-2", Err("RepeatedLabel")),
         ("u-pool-a-pool-b", Err("RepeatedLabel")),
         ("u-session-a-session-", Err("RepeatedLabel")),
+        ("u-country-us-country-de", Err("RepeatedLabel")),
+        ("u-session-a-CITY-x-city-y", Err("RepeatedLabel")),
         // Empty account.
         ("session-abc", Err("EmptyAccount")),
         ("-session-abc", Err("EmptyAccount")),
         ("pool", Err("EmptyAccount")),
+        ("country-us-session-a", Err("EmptyAccount")),
+        ("-asn-7922", Err("EmptyAccount")),
     ];
     #[test]
     fn username_grammar() {
@@ -332,6 +402,101 @@ pub(super) mod tests {
                 _ => panic!("{username}: expected {expect:?}, got {got:?}"),
             }
         }
+    }
+
+    /// Targeting labels: (username, account, session, [country, city, state, asn, type]) for
+    /// usernames that parse, or the error variant for those that do not.
+    type TargetingCase = (
+        &'static str,
+        Result<
+            (
+                &'static str,
+                Option<&'static str>,
+                [Option<&'static str>; 5],
+            ),
+            &'static str,
+        >,
+    );
+
+    const TARGETING: &[TargetingCase] = &[
+        (
+            "acct-country-us-session-a",
+            Ok(("acct", Some("a"), [Some("us"), None, None, None, None])),
+        ),
+        (
+            "acct-country-US-city-new_york-state-us_ny-asn-7922-type-residential",
+            Ok((
+                "acct",
+                None,
+                [
+                    Some("US"),
+                    Some("new_york"),
+                    Some("us_ny"),
+                    Some("7922"),
+                    Some("residential"),
+                ],
+            )),
+        ),
+        (
+            "brd-customer-hl_1-zone-res-Country-de-session-k9-sesstime-5",
+            Ok((
+                "brd-customer-hl_1-zone-res",
+                Some("k9"),
+                [Some("de"), None, None, None, None],
+            )),
+        ),
+        (
+            "acct-session-a-TYPE-mobile-ASN-AS7922",
+            Ok((
+                "acct",
+                Some("a"),
+                [None, None, None, Some("AS7922"), Some("mobile")],
+            )),
+        ),
+        (
+            "acct-state-ca-zone-x-city-st.louis",
+            Ok((
+                "acct",
+                None,
+                [None, Some("st.louis"), Some("ca"), None, None],
+            )),
+        ),
+        ("acct-country-u!s", Err("InvalidValue")),
+        ("acct-city-", Err("MissingValue")),
+        ("acct-asn-1-asn-2", Err("RepeatedLabel")),
+        ("type-mobile", Err("EmptyAccount")),
+    ];
+
+    #[test]
+    fn targeting_labels_end_the_account_and_are_read() {
+        for &(username, expect) in TARGETING {
+            let got = parse_username(username);
+            match (expect, &got) {
+                (Ok((account, session, [country, city, state, asn, kind])), Ok(l)) => {
+                    assert_eq!(l.account, account, "{username}");
+                    assert_eq!(
+                        l.session.as_ref().map(SessionKey::as_str),
+                        session,
+                        "{username}"
+                    );
+                    let t = &l.targeting;
+                    assert_eq!(t.country.as_deref(), country, "{username}");
+                    assert_eq!(t.city.as_deref(), city, "{username}");
+                    assert_eq!(t.state.as_deref(), state, "{username}");
+                    assert_eq!(t.asn.as_deref(), asn, "{username}");
+                    assert_eq!(t.kind.as_deref(), kind, "{username}");
+                }
+                (Err(name), Err(e)) => {
+                    assert_eq!(variant(e), name, "{username}: {e}");
+                    assert!(e.to_string().contains('<'), "{username}: {e}");
+                }
+                _ => panic!("{username}: expected {expect:?}, got {got:?}"),
+            }
+        }
+        let long = "x".repeat(MAX_TARGETING_LEN);
+        let l = parse_username(&format!("u-city-{long}")).unwrap();
+        assert_eq!(l.targeting.city.as_deref(), Some(long.as_str()));
+        assert!(parse_username(&format!("u-city-{long}x")).is_err());
     }
 
     #[test]
