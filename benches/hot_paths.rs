@@ -35,7 +35,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use http::{HeaderMap, HeaderValue, StatusCode};
 use poolgate::config::{CaptchaConfig, DEFAULT_SNIFF_BYTES, Strategy};
 use poolgate::health::Outcome;
-use poolgate::health::classify::CaptchaRules;
+use poolgate::health::classify::{CaptchaRules, ResponseFrom};
 use poolgate::pool::Ring;
 use poolgate::session;
 use poolgate::store::memory::MemoryStore;
@@ -241,7 +241,8 @@ fn captcha_sniffer(c: &mut Criterion) {
             &chunk,
             |b, &chunk| {
                 b.iter(|| {
-                    let (_, sniffer) = rules.classify_head(StatusCode::OK, &head);
+                    let (_, sniffer) =
+                        rules.classify_head(StatusCode::OK, &head, ResponseFrom::Proxy);
                     let mut sniffer = sniffer.expect("an HTML body is sniffed");
                     for part in page.chunks(chunk) {
                         if sniffer.feed(black_box(part)) {
@@ -257,7 +258,8 @@ fn captcha_sniffer(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(small.len() as u64));
     group.bench_function("head_and_1KiB_body", |b| {
         b.iter(|| {
-            let (outcome, sniffer) = rules.classify_head(StatusCode::OK, black_box(&head));
+            let (outcome, sniffer) =
+                rules.classify_head(StatusCode::OK, black_box(&head), ResponseFrom::Proxy);
             let mut sniffer = sniffer.expect("an HTML body is sniffed");
             black_box((outcome, sniffer.feed(black_box(&small))))
         })

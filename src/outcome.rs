@@ -5,7 +5,8 @@
 use std::fmt;
 
 /// What happened to one request or tunnel. Only proxy faults and bans move an upstream's health;
-/// `OriginError` is the target's fault and moves nothing.
+/// `OriginError` is taken for the target's fault and moves nothing, unless health finds that the
+/// rest of the pool does not meet it on the same target (then it is the upstream's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Outcome {
     Ok,
@@ -17,7 +18,7 @@ pub enum Outcome {
     Captcha,
     /// 403/429-class answer without a challenge marker.
     Blocked,
-    /// A 5xx from the origin.
+    /// A 5xx with no sign of the proxy's authorship: taken for the origin's.
     OriginError,
     /// The client went away before the exchange ended: nobody's fault, moves no health.
     Cancelled,

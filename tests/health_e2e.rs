@@ -107,6 +107,134 @@ async fn three_failing_of_ten_get_under_five_percent_of_traffic_after_warmup() {
     assert!(ok > 1900, "{ok} of 2000 succeeded");
 }
 
+/// The state of each upstream of the default pool, by id.
+async fn states(gw: &TestGateway, ups: &[FakeProxy]) -> Vec<String> {
+    let mut v = Vec::new();
+    for u in ups {
+        let s = gw.upstream_status("default", &u.url()).await;
+        v.push(s["state"].as_str().unwrap().to_string());
+    }
+    v
+}
+
+/// Two proxies answer every request with a 5xx page of their own: one like Squid (its error
+/// headers, no `Proxy-Status`), one a bare 503 with no signature at all. Four others serve the
+/// same target. Both bad ones are taken out (the first by its signature, the second because the
+/// rest of the pool gets the target's pages), the good ones stay healthy, and every page reaches
+/// the client as the proxy sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_answering_their_own_5xx_are_quarantined_with_or_without_a_signature() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = proxies(6).await;
+    ups[0].set_mode(ProxyMode::SquidError502).await;
+    ups[1].set_mode(ProxyMode::Plain503).await;
+    // Room for both under the quarantine cap (three of six).
+    let gw = TestGateway::start(&format!(
+        "{}[pools.default.health]\nmax_quarantined_percent = 50\n",
+        config(&ups)
+    ))
+    .await;
+    let client = gw.client();
+    let (squid, bare) = (ups[0].url(), ups[1].url());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut out_after = [None, None];
+    for i in 0..300 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "request {i}: out of time"
+        );
+        let resp = client.get(origin.url("/ok")).send().await.unwrap();
+        let via = resp.headers()["x-pool-upstream"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let status = resp.status().as_u16();
+        let squid_header = resp.headers().contains_key("x-squid-error");
+        let body = resp.text().await.unwrap();
+        if via == squid {
+            assert_eq!(status, 502);
+            assert!(squid_header, "the proxy's page passes through unchanged");
+        } else if via == bare {
+            assert_eq!(status, 503);
+        } else {
+            assert_eq!((status, body.as_str()), (200, "ok"));
+        }
+        let now = states(&gw, &ups[..2]).await;
+        for (k, state) in now.iter().enumerate() {
+            if state == "quarantined" && out_after[k].is_none() {
+                out_after[k] = Some(ups[k].requests());
+            }
+        }
+        if out_after.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    eprintln!("own 5xx: quarantined after {out_after:?} of their requests");
+    let [Some(squid_n), Some(bare_n)] = out_after else {
+        panic!("not both quarantined: {out_after:?}");
+    };
+    // Three faults in a row for the signature; five answers to compare, then three faults (one
+    // more each for a request in flight while the decision lands).
+    assert!(squid_n <= 5, "the Squid page took {squid_n} requests");
+    assert!(bare_n <= 10, "the bare 503 took {bare_n} requests");
+    let s = gw.upstream_status("default", &squid).await;
+    assert!(
+        s["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("consecutive failures"),
+        "{s}"
+    );
+    let s = gw.upstream_status("default", &bare).await;
+    assert!(
+        s["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("through the rest of the pool"),
+        "{s}"
+    );
+    assert_eq!(
+        states(&gw, &ups[2..]).await,
+        vec!["healthy"; 4],
+        "the good ones stay healthy"
+    );
+    let status = gw.status().await;
+    let pool = &status["pools"][0];
+    assert_eq!(pool["incidents"]["targets"].as_array().unwrap().len(), 0);
+}
+
+/// A site that answers 503 to everybody is the site's trouble: every upstream relays its 503,
+/// and none is taken out of service or even degraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_answering_503_to_every_upstream_quarantines_nobody() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let ups = proxies(5).await;
+    let gw = TestGateway::start(&config(&ups)).await;
+    let client = gw.client();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for i in 0..100 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "request {i}: out of time"
+        );
+        let resp = client
+            .get(origin.url("/status?code=503"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 503);
+        resp.bytes().await.unwrap();
+    }
+    assert!(
+        ups.iter().all(|u| u.requests() >= 10),
+        "every upstream met the site"
+    );
+    assert_eq!(states(&gw, &ups).await, vec!["healthy"; 5]);
+    let status = gw.status().await;
+    let pool = &status["pools"][0];
+    assert_eq!(pool["quarantine_cap"]["used"], 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_50_mib_response_streams_through_without_buffering() {
     const SIZE: usize = 50 * 1024 * 1024;

@@ -531,3 +531,187 @@ async fn a_site_wide_challenge_gives_back_the_first_upstream_it_took_out() {
     assert_eq!(outcome, Some(Outcome::Ok));
     assert!(in_service(&sim));
 }
+
+/// Whether `i` is out of service (quarantined or dead).
+fn is_out(sim: &Sim, i: usize) -> bool {
+    matches!(sim.state(i), State::Quarantined | State::Dead)
+}
+
+/// Our network is down: no upstream can be reached, on any target. The engine needs three
+/// samples of each upstream to call it failing; with quarantine at five consecutive failures the
+/// incident is recognised before anybody could be quarantined, and while it lasts nobody is.
+/// When the network comes back the incident ends and every upstream is healthy again.
+#[tokio::test(start_paused = true)]
+async fn a_local_outage_is_a_global_incident_and_quarantines_nobody_while_it_lasts() {
+    let cfg = HealthConfig {
+        quarantine_after_failures: 5,
+        ..no_jitter()
+    };
+    let mut sim = Sim::new(10, cfg).await;
+    let down = std::cell::Cell::new(true);
+    let mut script = |_: &UpstreamId, _: &str, _: usize| {
+        if down.get() {
+            Outcome::ConnectError
+        } else {
+            Outcome::Ok
+        }
+    };
+    let targets = ["a.example", "b.example", "c.example"];
+    let mut recognised_at = None;
+    for i in 0..400 {
+        sim.request(targets[i % 3], None, &mut script).await;
+        let view = sim.health.view();
+        if view.global_incident {
+            recognised_at.get_or_insert(i);
+        }
+        assert_eq!(
+            sim.out(),
+            0,
+            "request {i}: quarantined during a local outage"
+        );
+        assert!(
+            view.target_incidents.is_empty(),
+            "request {i}: {:?}",
+            view.target_incidents
+        );
+    }
+    eprintln!("global incident recognised at request {recognised_at:?}");
+    assert!(
+        recognised_at.is_some_and(|i| i < 40),
+        "recognised at {recognised_at:?}"
+    );
+    assert!(sim.health.view().global_incident, "still on while it lasts");
+
+    // The network is back.
+    down.set(false);
+    let mut ended_at = None;
+    for i in 0..400 {
+        let (_, outcome) = sim.request(targets[i % 3], None, &mut script).await;
+        assert_eq!(outcome, Some(Outcome::Ok));
+        assert_eq!(sim.out(), 0, "request {i} after the outage");
+        if !sim.health.view().global_incident {
+            ended_at.get_or_insert(i);
+        }
+        if ended_at.is_some() && (0..10).all(|j| sim.state(j) == State::Healthy) {
+            break;
+        }
+    }
+    eprintln!("global incident over at request {ended_at:?} after the outage");
+    assert!(ended_at.is_some(), "the incident never ended");
+    assert!((0..10).all(|j| sim.state(j) == State::Healthy));
+}
+
+/// With the default thresholds quarantine (three failures in a row) comes as early as the third
+/// sample the incident detection needs, so on a cold start the first upstreams to fail are taken
+/// out before the incident is recognised: the quarantine cap bounds them, and once the incident
+/// is recognised nobody else goes.
+#[tokio::test(start_paused = true)]
+async fn with_default_thresholds_a_global_incident_stops_quarantines_at_the_cap() {
+    let mut sim = Sim::new(10, no_jitter()).await;
+    let mut script = |_: &UpstreamId, _: &str, _: usize| Outcome::ConnectError;
+    let cap = sim.health.view().quarantine_cap;
+    let mut out_when_recognised = None;
+    let mut out_before: HashSet<usize> = HashSet::new();
+    for i in 0..400 {
+        sim.request("a.example", None, &mut script).await;
+        let view = sim.health.view();
+        let out: HashSet<usize> = (0..10).filter(|j| is_out(&sim, *j)).collect();
+        assert!(
+            out.len() <= cap,
+            "request {i}: {} out, cap {cap}",
+            out.len()
+        );
+        match out_when_recognised {
+            None if view.global_incident => {
+                out_when_recognised = Some(out.len());
+                out_before = out;
+            }
+            None => {}
+            Some(_) => assert!(
+                out.is_subset(&out_before),
+                "request {i}: {out:?} out during the incident, {out_before:?} before it"
+            ),
+        }
+    }
+    eprintln!("default thresholds: {out_when_recognised:?} out when the incident was recognised");
+    assert!(out_when_recognised.is_some(), "no global incident");
+}
+
+/// Back from quarantine, an upstream is half-open: an eighth of a share, doubling with each
+/// success (cost 8 → 4 → 2 → 1) until `half_open_successes` in a row make it healthy. The costs
+/// are what the store is told.
+#[tokio::test(start_paused = true)]
+async fn half_open_ramps_the_share_up_with_each_success_then_heals() {
+    let cfg = no_jitter();
+    let members: Vec<UpstreamId> = (0..4).map(|i| UpstreamId::new(format!("u{i}"))).collect();
+    let h = PoolHealth::new(POOL, cfg.clone(), Strategy::LeastUsed, &members);
+    let u0 = &members[0];
+    let observe = |o: Outcome| h.observe(u0, "a.example", o, Duration::from_millis(10));
+    for _ in 0..cfg.quarantine_after_failures {
+        observe(Outcome::Timeout);
+    }
+    assert_eq!(h.state_of(u0), Some(State::Quarantined));
+    tokio::time::advance(cfg.cooldown_base).await;
+    let changes = h.tick();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(
+        changes[0].transition.as_ref().map(|t| t.to),
+        Some(State::HalfOpen)
+    );
+    let mut costs = vec![(State::HalfOpen, changes[0].member.cost)];
+    assert!(changes[0].member.eligible);
+    for _ in 0..cfg.half_open_successes {
+        let state_before = h.state_of(u0);
+        let changes = observe(Outcome::Ok);
+        // A change is handed over only when the setting (or the state) moves.
+        for c in &changes {
+            assert_eq!(&c.upstream, u0);
+            costs.push((h.state_of(u0).unwrap(), c.member.cost));
+        }
+        if changes.is_empty() {
+            assert_eq!(
+                state_before,
+                h.state_of(u0),
+                "a transition always comes with a change"
+            );
+        }
+        assert_eq!(
+            h.view().upstreams[u0].allocation_cost,
+            costs.last().unwrap().1,
+            "the view shows what the store was told"
+        );
+    }
+    assert_eq!(
+        costs,
+        vec![
+            (State::HalfOpen, 8),
+            (State::HalfOpen, 4),
+            (State::HalfOpen, 2),
+            (State::HalfOpen, 1),
+            (State::Healthy, 1),
+        ]
+    );
+    assert_eq!(h.state_of(u0), Some(State::Healthy));
+
+    // A failure on the way up sends it back out, with the next (doubled) cool-down.
+    for _ in 0..cfg.quarantine_after_failures {
+        observe(Outcome::Timeout);
+    }
+    tokio::time::advance(cfg.cooldown_base * 2).await;
+    let changes = h.tick();
+    assert_eq!(changes[0].member.cost, 8, "{changes:?}");
+    observe(Outcome::Ok);
+    let changes = observe(Outcome::Timeout);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(
+        changes[0].transition.as_ref().map(|t| t.to),
+        Some(State::Quarantined)
+    );
+    assert!(!changes[0].member.eligible);
+    let left = h.view().upstreams[u0].cooldown_remaining_ms.unwrap();
+    assert_eq!(
+        Duration::from_millis(left),
+        cfg.cooldown_base * 4,
+        "the third quarantine in a row"
+    );
+}

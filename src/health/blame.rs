@@ -13,6 +13,11 @@
 //! service and when; the incident, once recognised, gives back those of the last
 //! `incident_window` (see [`TargetChange::IncidentStarted`]).
 //!
+//! The opposite case is an upstream that fails where the rest of the pool does not. A proxy that
+//! answers 5xx pages of its own without saying so looks like an origin error; but when its recent
+//! answers on a target are mostly 5xx while the rest of the pool gets that target's pages, the
+//! 5xx are its own: they are *singled out* and count as its faults (see [`SINGLED_OUT_SHARE`]).
+//!
 //! Memory is bounded: at most `max_targets` targets are tracked, the least recently
 //! seen forgotten first.
 
@@ -26,6 +31,29 @@ use crate::fast_map::FastMap;
 use crate::health::state::Sample;
 use crate::upstream::UpstreamId;
 
+/// Answers (successes and origin errors) remembered per (upstream, target) cell for singling
+/// out, one bit each: enough for the thresholds below, few enough to follow a change quickly.
+const ANSWER_WINDOW: u8 = u16::BITS as u8;
+
+/// An upstream's origin errors on a target are *singled out* as its own faults when at least
+/// this share of its recent answers there are origin errors (with at least
+/// [`SINGLED_OUT_MIN_ANSWERS`] of them), while the rest of the pool's recent answers on the same
+/// target (at least [`REST_MIN_ANSWERS`]) are origin errors at most [`REST_MAX_SHARE`] of the
+/// time. Half is far above what a working site gives through a working proxy, so a site's
+/// occasional 5xx never gets there, while a proxy failing every request does within five.
+pub const SINGLED_OUT_SHARE: f64 = 0.5;
+/// Five answers: one or two 5xx of a flaky moment are never half of them.
+pub const SINGLED_OUT_MIN_ANSWERS: u32 = 5;
+/// The rest of the pool shows that the target works: at most one answer in ten an origin error.
+/// A site that is itself failing (down, overloaded, 5xx for everybody) shows it through every
+/// upstream and so singles out nobody; the wide gap between the two shares keeps a flaky site's
+/// chance streaks from singling out a working proxy.
+pub const REST_MAX_SHARE: f64 = 0.1;
+/// Five answers of the rest of the pool on the target before it is trusted to show the target
+/// works. The rest leaves out upstreams singled out themselves, so two bad proxies do not vouch
+/// for each other's errors being the site's.
+pub const REST_MIN_ANSWERS: u32 = 5;
+
 /// Outcome counts of one (upstream, target) cell.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Cell {
@@ -36,12 +64,100 @@ pub struct Cell {
     last_bad: bool,
     #[serde(skip)]
     last_at: Option<Instant>,
+    /// The last answers, newest in bit 0: a set bit is an origin error.
+    #[serde(skip)]
+    answers: u16,
+    /// How many bits of `answers` hold answers (up to [`ANSWER_WINDOW`]).
+    #[serde(skip)]
+    answered: u8,
 }
 
 impl Cell {
     pub fn total(&self) -> u64 {
         self.ok + self.faults + self.bans
     }
+
+    fn errors(&self) -> u32 {
+        self.answers.count_ones()
+    }
+
+    /// Whether this cell's recent answers are mostly origin errors: a suspect, left out of the
+    /// rest of the pool's evidence.
+    fn suspect(&self) -> bool {
+        let n = u32::from(self.answered);
+        n >= SINGLED_OUT_MIN_ANSWERS && f64::from(self.errors()) >= SINGLED_OUT_SHARE * f64::from(n)
+    }
+
+    /// What this cell adds to the rest of the pool's answers: (answers, origin errors).
+    fn evidence(&self) -> (u32, u32) {
+        if self.suspect() {
+            (0, 0)
+        } else {
+            (u32::from(self.answered), self.errors())
+        }
+    }
+
+    fn push_answer(&mut self, origin_error: bool) {
+        // The oldest answer falls off the top.
+        self.answers = (self.answers << 1) | u16::from(origin_error);
+        self.answered = (self.answered + 1).min(ANSWER_WINDOW);
+    }
+}
+
+/// The rest of the pool's recent answers on a target: the sum of [`Cell::evidence`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Evidence {
+    answers: u32,
+    errors: u32,
+}
+
+impl Evidence {
+    fn add(&mut self, (answers, errors): (u32, u32)) {
+        self.answers += answers;
+        self.errors += errors;
+    }
+
+    fn remove(&mut self, (answers, errors): (u32, u32)) {
+        self.answers = self.answers.saturating_sub(answers);
+        self.errors = self.errors.saturating_sub(errors);
+    }
+
+    /// Whether these answers show the target working.
+    fn target_works(&self) -> bool {
+        self.answers >= REST_MIN_ANSWERS
+            && f64::from(self.errors) <= REST_MAX_SHARE * f64::from(self.answers)
+    }
+}
+
+/// What the target answered through the upstream, as far as singling out is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// No answer: a failure, or an outcome reached before the target said anything.
+    Unanswered,
+    /// The target served the request (an ok).
+    Served,
+    /// The target (or so it seems) answered with an error: an origin error.
+    OriginError,
+}
+
+/// An origin error that [`Targets::record`] singled out as the upstream's own fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SingledOut {
+    /// The upstream's recent answers on the target, and how many were origin errors.
+    pub answers: u32,
+    pub errors: u32,
+    /// The rest of the pool's recent answers on the target, and how many were origin errors.
+    pub rest_answers: u32,
+    pub rest_errors: u32,
+}
+
+/// What [`Targets::record`] made of a sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recorded {
+    /// The sample as health should judge it: a singled-out origin error is a fault.
+    pub sample: Sample,
+    pub singled_out: Option<SingledOut>,
+    pub change: Option<TargetChange>,
 }
 
 #[derive(Debug)]
@@ -54,6 +170,8 @@ struct TargetStats {
     blamed: Vec<(UpstreamId, Instant)>,
     /// Cells whose latest outcome was bad (recent ones: older ones are expired periodically).
     failing: usize,
+    /// The recent answers of cells that are not suspects (see [`Cell::evidence`]).
+    evidence: Evidence,
 }
 
 /// What a target looks like right now.
@@ -83,9 +201,12 @@ pub struct Targets {
 }
 
 impl Targets {
-    /// Records `sample` of `upstream` on `target` and says whether the target's incident state
+    /// Records `sample` of `upstream` on `target`: how health should judge it (an origin error
+    /// may be singled out as the upstream's fault) and whether the target's incident state
     /// changed. `about_target` is false for failures that cannot be the target's doing (the proxy
     /// itself was unreachable); they are counted but are no evidence of a target incident.
+    /// `answer` is what the target answered, if it did: only answers are compared across the
+    /// pool.
     /// `members` is the pool's size: a target incident needs most of the *pool* failing on it, so
     /// a few bad upstreams that happen to be the first to serve a target never make one.
     #[expect(
@@ -99,9 +220,10 @@ impl Targets {
         upstream: &UpstreamId,
         sample: Sample,
         about_target: bool,
+        answer: Answer,
         members: usize,
         now: Instant,
-    ) -> Option<TargetChange> {
+    ) -> Recorded {
         // One lookup for a target seen before (nearly every sample); a new one costs three.
         let stats = match self.by_target.get_mut(target) {
             Some(stats) => stats,
@@ -117,6 +239,7 @@ impl Targets {
                         incident_since: None,
                         blamed: Vec::new(),
                         failing: 0,
+                        evidence: Evidence::default(),
                     })
             }
         };
@@ -125,12 +248,34 @@ impl Targets {
             Some(c) => c,
             None => stats.cells.entry(upstream.clone()).or_default(),
         };
+        let mut singled_out = None;
+        if sample == Sample::Success && answer != Answer::Unanswered {
+            let origin_error = answer == Answer::OriginError;
+            stats.evidence.remove(cell.evidence());
+            cell.push_answer(origin_error);
+            stats.evidence.add(cell.evidence());
+            // A suspect is never part of the evidence, so the rest of the pool is all of it.
+            if origin_error && cell.suspect() && stats.evidence.target_works() {
+                singled_out = Some(SingledOut {
+                    answers: u32::from(cell.answered),
+                    errors: cell.errors(),
+                    rest_answers: stats.evidence.answers,
+                    rest_errors: stats.evidence.errors,
+                });
+            }
+        }
+        let sample = if singled_out.is_some() {
+            Sample::Fault
+        } else {
+            sample
+        };
         match sample {
             Sample::Success => cell.ok += 1,
             Sample::Fault => cell.faults += 1,
             Sample::Ban => cell.bans += 1,
         }
-        let bad = sample != Sample::Success && about_target;
+        // A singled-out error is by its evidence not the target's doing.
+        let bad = sample != Sample::Success && about_target && singled_out.is_none();
         match (cell.last_bad, bad) {
             (false, true) => stats.failing += 1,
             (true, false) => stats.failing -= 1,
@@ -142,7 +287,7 @@ impl Targets {
         // Kept incrementally; `expire` stops counting cells older than the incident window.
         let failing = stats.failing;
         let share = failing as f64 / members.max(1) as f64;
-        match stats.incident_since {
+        let change = match stats.incident_since {
             None if failing >= cfg.target_incident_min_upstreams
                 && share >= cfg.target_incident_ratio =>
             {
@@ -163,6 +308,11 @@ impl Targets {
                 Some(TargetChange::IncidentEnded)
             }
             _ => None,
+        };
+        Recorded {
+            sample,
+            singled_out,
+            change,
         }
     }
 
@@ -192,7 +342,8 @@ impl Targets {
     }
 
     /// Forgets targets not seen for `idle`, and stops counting failures older than the incident
-    /// window (an incident with no recent evidence ends).
+    /// window (an incident with no recent evidence ends); cells not seen within the window
+    /// forget their answers too.
     pub fn expire(
         &mut self,
         cfg: &HealthConfig,
@@ -204,12 +355,17 @@ impl Targets {
         let mut ended = Vec::new();
         for (name, t) in self.by_target.iter_mut() {
             for c in t.cells.values_mut() {
-                if c.last_bad
-                    && c.last_at
-                        .is_some_and(|at| now.duration_since(at) > cfg.incident_window)
-                {
+                let stale = c
+                    .last_at
+                    .is_some_and(|at| now.duration_since(at) > cfg.incident_window);
+                if c.last_bad && stale {
                     c.last_bad = false;
                     t.failing -= 1;
+                }
+                if stale && c.answered > 0 {
+                    t.evidence.remove(c.evidence());
+                    c.answers = 0;
+                    c.answered = 0;
                 }
             }
             t.blamed
@@ -280,15 +436,19 @@ mod tests {
         let ups = ids(10);
         let mut started = None;
         for (i, u) in ups.iter().enumerate() {
-            if let Some(c) = t.record(
-                &cfg,
-                "shop.example",
-                u,
-                Sample::Ban,
-                true,
-                10,
-                Instant::now(),
-            ) {
+            if let Some(c) = t
+                .record(
+                    &cfg,
+                    "shop.example",
+                    u,
+                    Sample::Ban,
+                    true,
+                    Answer::Unanswered,
+                    10,
+                    Instant::now(),
+                )
+                .change
+            {
                 started = Some((i, c));
             }
         }
@@ -311,6 +471,7 @@ mod tests {
                 u,
                 Sample::Success,
                 true,
+                Answer::Unanswered,
                 10,
                 Instant::now(),
             );
@@ -332,9 +493,11 @@ mod tests {
                 u,
                 Sample::Ban,
                 true,
+                Answer::Unanswered,
                 10,
                 Instant::now(),
             )
+            .change
         };
         ban(&mut t, &ups[0]);
         t.blamed("shop.example", &ups[0], Instant::now());
@@ -369,14 +532,152 @@ mod tests {
             for (i, u) in ups.iter().enumerate() {
                 let s = if i == 0 { Sample::Ban } else { Sample::Success };
                 assert!(
-                    t.record(&cfg, "a.example", u, s, true, 10, Instant::now())
-                        .is_none(),
+                    t.record(
+                        &cfg,
+                        "a.example",
+                        u,
+                        s,
+                        true,
+                        Answer::Unanswered,
+                        10,
+                        Instant::now()
+                    )
+                    .change
+                    .is_none(),
                     "round {round}"
                 );
             }
         }
         assert!(!t.in_incident("a.example"));
     }
+
+    /// One answer of `u` on `target`: an ok or an origin error (both success samples).
+    fn answer(t: &mut Targets, target: &str, u: &UpstreamId, origin_error: bool) -> Recorded {
+        let cfg = HealthConfig::default();
+        t.record(
+            &cfg,
+            target,
+            u,
+            Sample::Success,
+            true,
+            if origin_error {
+                Answer::OriginError
+            } else {
+                Answer::Served
+            },
+            10,
+            Instant::now(),
+        )
+    }
+
+    /// Rounds over `ups`, each answering with an origin error when `errs(i)`; the rounds in which
+    /// each upstream was first singled out.
+    fn rounds(
+        t: &mut Targets,
+        ups: &[UpstreamId],
+        n: usize,
+        errs: impl Fn(usize) -> bool,
+    ) -> Vec<Option<usize>> {
+        let mut first = vec![None; ups.len()];
+        for round in 0..n {
+            for (i, u) in ups.iter().enumerate() {
+                let r = answer(t, "a.example", u, errs(i));
+                assert_eq!(r.change, None, "round {round}: no incident");
+                if r.singled_out.is_some() {
+                    assert_eq!(r.sample, Sample::Fault);
+                    first[i].get_or_insert(round);
+                } else {
+                    assert_eq!(r.sample, Sample::Success);
+                }
+            }
+        }
+        first
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn origin_errors_only_one_upstream_meets_are_singled_out_as_its_faults() {
+        let mut t = Targets::default();
+        let ups = ids(5);
+        let first = rounds(&mut t, &ups, 10, |i| i == 0);
+        // Its fifth answer makes five, the rest has had plenty by then.
+        assert_eq!(first, vec![Some(4), None, None, None, None]);
+        let row = &t.busiest(1)[0];
+        let cell = row.cells.iter().find(|(u, _)| *u == ups[0]).unwrap().1;
+        assert_eq!(
+            (cell.ok, cell.faults),
+            (4, 6),
+            "the matrix shows them as faults"
+        );
+        assert!(!t.in_incident("a.example"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_failing_upstreams_do_not_vouch_for_each_other() {
+        let mut t = Targets::default();
+        let ups = ids(5);
+        let first = rounds(&mut t, &ups, 10, |i| i < 2);
+        // The first to reach five answers still had the other in its evidence (four errors,
+        // not yet five): it is singled out one round later.
+        assert_eq!(first, vec![Some(5), Some(4), None, None, None]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_target_failing_for_everybody_singles_out_nobody() {
+        let mut t = Targets::default();
+        let ups = ids(5);
+        assert_eq!(rounds(&mut t, &ups, 20, |_| true), vec![None; 5]);
+        // Nor does a site that fails one time in three, through any upstream.
+        let mut t = Targets::default();
+        let n = std::cell::Cell::new(0usize);
+        let flaky = |_| {
+            n.set(n.get() + 1);
+            n.get() % 3 == 0
+        };
+        assert_eq!(rounds(&mut t, &ups, 20, flaky), vec![None; 5]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn origin_errors_without_an_answer_single_out_nobody() {
+        let cfg = HealthConfig::default();
+        let mut t = Targets::default();
+        let ups = ids(5);
+        for _ in 0..10 {
+            for (i, u) in ups.iter().enumerate() {
+                let answer = if i == 0 {
+                    Answer::Unanswered
+                } else {
+                    Answer::Served
+                };
+                let r = t.record(
+                    &cfg,
+                    "a.example",
+                    u,
+                    Sample::Success,
+                    true,
+                    answer,
+                    10,
+                    Instant::now(),
+                );
+                assert_eq!((r.sample, r.singled_out), (Sample::Success, None));
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_older_than_the_incident_window_are_forgotten() {
+        let cfg = HealthConfig::default();
+        let mut t = Targets::default();
+        let ups = ids(5);
+        rounds(&mut t, &ups, 10, |i| i == 0);
+        tokio::time::advance(cfg.incident_window * 2).await;
+        t.expire(&cfg, TARGET_IDLE, Instant::now());
+        // Evidence starts over: the first errors after the pause are not singled out.
+        let first = rounds(&mut t, &ups, 10, |i| i == 0);
+        assert_eq!(first, vec![Some(4), None, None, None, None]);
+    }
+
+    /// Longer than any test runs: targets are not forgotten for idleness here.
+    const TARGET_IDLE: std::time::Duration = std::time::Duration::from_secs(3600);
 
     #[tokio::test(start_paused = true)]
     async fn tracked_targets_are_bounded() {
@@ -393,6 +694,7 @@ mod tests {
                 &u,
                 Sample::Success,
                 true,
+                Answer::Unanswered,
                 1,
                 Instant::now(),
             );

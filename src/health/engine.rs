@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::config::{HealthConfig, Strategy};
 use crate::fast_map::FastMap;
-use crate::health::blame::{TargetChange, Targets};
+use crate::health::blame::{Answer, TargetChange, Targets};
 use crate::health::latency::LatencyHistogram;
 use crate::health::state::{Sample, State, Transition, UpstreamHealth};
 pub use crate::health::view::{
@@ -315,6 +315,31 @@ impl PoolHealth {
         outcome: Outcome,
         latency: Duration,
     ) -> Vec<Change> {
+        self.observe_exchange(upstream, target, outcome, latency, true)
+    }
+
+    /// Records the outcome of an exchange that ended before the target answered anything (the
+    /// connect failed; the target did not resolve or was refused before anything was dialed).
+    /// Its origin errors are judged as usual but are no answer of the target's: they take no part
+    /// in comparing upstreams on it (a local resolver's failure singles out nobody).
+    pub fn observe_unanswered(
+        &self,
+        upstream: &UpstreamId,
+        target: &str,
+        outcome: Outcome,
+        latency: Duration,
+    ) -> Vec<Change> {
+        self.observe_exchange(upstream, target, outcome, latency, false)
+    }
+
+    fn observe_exchange(
+        &self,
+        upstream: &UpstreamId,
+        target: &str,
+        outcome: Outcome,
+        latency: Duration,
+        answered: bool,
+    ) -> Vec<Change> {
         let Some(sample) = sample_of(outcome) else {
             return Vec::new();
         };
@@ -329,12 +354,26 @@ impl PoolHealth {
         };
 
         let about_target = outcome != Outcome::ConnectError;
+        let answer = match outcome {
+            _ if !answered => Answer::Unanswered,
+            Outcome::OriginError => Answer::OriginError,
+            _ => Answer::Served,
+        };
         let members = e.members.len();
         let mut revoke = Vec::new();
-        match e
-            .targets
-            .record(&cfg, target, upstream, sample, about_target, members, now)
-        {
+        let recorded = e.targets.record(
+            &cfg,
+            target,
+            upstream,
+            sample,
+            about_target,
+            answer,
+            members,
+            now,
+        );
+        // An origin error the rest of the pool does not meet on the target is the upstream's.
+        let sample = recorded.sample;
+        match recorded.change {
             Some(TargetChange::IncidentStarted {
                 failing,
                 of,
@@ -370,9 +409,16 @@ impl PoolHealth {
         let mut changes = Vec::new();
         if blamed {
             let jitter = rand::random::<f64>() * 2.0 - 1.0;
-            let transition = t
+            let mut transition = t
                 .machine
                 .observe(sample, &cfg, now, jitter, || Self::guard(e, upstream));
+            if let (Some(tr), Some(so)) = (&mut transition, recorded.singled_out) {
+                tr.reason = format!(
+                    "{}; origin errors on {target} in {} of its last {} answers, {} of {} through the rest of the pool",
+                    tr.reason, so.errors, so.answers, so.rest_errors, so.rest_answers
+                );
+                t.machine.set_reason(&tr.reason);
+            }
             if let Some(tr) = &transition {
                 self.log(upstream, tr);
                 if sample == Sample::Ban && matches!(tr.to, State::Degraded | State::Quarantined) {

@@ -219,6 +219,11 @@ impl UpstreamHealth {
                     .is_some_and(|r| r < cfg.quarantine_below_success))
     }
 
+    /// Replaces the reason of the current state (the engine adds what the machine cannot know).
+    pub(super) fn set_reason(&mut self, reason: &str) {
+        self.reason = reason.to_string();
+    }
+
     fn set(&mut self, to: State, reason: String, now: Instant) -> Transition {
         let from = self.state;
         self.state = to;

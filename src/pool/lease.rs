@@ -172,12 +172,16 @@ impl Lease {
         );
         // Health hears the outcome now; what it decides goes to the store next, after the release
         // (for Redis, after it is queued: the two touch different keys).
+        // Without a response head or an established tunnel the target never answered.
+        let (up, target) = (&h.grant.upstream, &h.target_host);
         let changes = if observed {
             Vec::new()
+        } else if h.latency.is_some() {
+            h.pool.health.observe(up, target, outcome, latency)
         } else {
             h.pool
                 .health
-                .observe(&h.grant.upstream, &h.target_host, outcome, latency)
+                .observe_unanswered(up, target, outcome, latency)
         };
         let (pool, upstream, lease) = (h.pool.name(), &h.grant.upstream, h.grant.lease);
         if let Err(e) = h.store.release_now(pool, upstream, lease, outcome, latency) {

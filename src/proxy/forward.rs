@@ -18,6 +18,7 @@ use hyper_util::rt::TokioIo;
 use crate::body::OutBody;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
+use crate::health::classify::ResponseFrom;
 use crate::limits::{self, BodyFault, LimitedBody, LookaheadFault};
 use crate::proxy::observe::Observed;
 use crate::proxy::{self, framing, headers};
@@ -148,7 +149,14 @@ pub async fn handle(
             reason,
         });
     }
-    let (outcome, sniffer) = gw.captcha.classify_head(parts.status, &parts.headers);
+    // Through a SOCKS or direct upstream the response is the origin's: the upstream only
+    // carried bytes.
+    let from = if upstream.scheme.speaks_http_proxy() {
+        ResponseFrom::Proxy
+    } else {
+        ResponseFrom::Origin
+    };
+    let (outcome, sniffer) = gw.captcha.classify_head(parts.status, &parts.headers, from);
     headers::clean_response(&mut parts.headers);
     let session = route.session.as_ref().map(|s| s.key.as_str());
     headers::annotate_response(&mut parts.headers, &upstream, session);

@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::body::OutBody;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
+use crate::health::classify::ResponseFrom;
 use crate::intercept::certs::Leaf;
 use crate::intercept::{HostPattern, InterceptStats, OriginTlsFault, excluded};
 use crate::outcome::Outcome;
@@ -453,7 +454,12 @@ impl Shared {
                 reason,
             });
         }
-        let (outcome, sniffer) = self.gw.captcha.classify_head(parts.status, &parts.headers);
+        // Inside the origin's TLS the upstream cannot have written the answer: proxy
+        // signatures in it are the origin side's.
+        let (outcome, sniffer) =
+            self.gw
+                .captcha
+                .classify_head(parts.status, &parts.headers, ResponseFrom::Origin);
         headers::clean_response(&mut parts.headers);
         headers::annotate_response(&mut parts.headers, &self.upstream, self.session.as_deref());
         let exchange = Exchange::new(self.lease.clone(), latency);

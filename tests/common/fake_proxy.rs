@@ -50,6 +50,12 @@ pub enum ProxyMode {
     /// 200 with a reCAPTCHA page to every plain request; CONNECT gets 403 with
     /// `cf-mitigated: challenge` and the same page.
     Captcha,
+    /// 502 to everything (before auth) like Squid's own error page: `X-Squid-Error:
+    /// ERR_CONNECT_FAIL 111`, `Via: 1.1 fake (squid/5.7)`, `Server: squid/5.7`, no `Proxy-Status`.
+    SquidError502,
+    /// 503 to everything (before auth) with no sign of whose it is: no `Proxy-Status`, `Via`,
+    /// `Server` or `X-Squid-Error`, like most proxies' bare error pages.
+    Plain503,
 }
 
 /// Options for [`FakeProxy::start`].
@@ -94,6 +100,9 @@ pub enum ProxyOutcome {
     Stalled,
     /// Answered with a captcha ([`ProxyMode::Captcha`]).
     Captcha,
+    /// Answered an error page of its own with this status ([`ProxyMode::SquidError502`],
+    /// [`ProxyMode::Plain503`]).
+    OwnError(u16),
 }
 
 /// One request head the proxy read.
@@ -488,6 +497,29 @@ async fn handle(
                 &[("content-type", "text/html; charset=utf-8")]
             };
             return Ok(respond(status, CAPTCHA_HTML, extra, Some(guard)));
+        }
+        ProxyMode::SquidError502 => {
+            st.set_outcome(idx, ProxyOutcome::OwnError(502));
+            return Ok(respond(
+                StatusCode::BAD_GATEWAY,
+                "<html><body>ERROR: The requested URL could not be retrieved</body></html>",
+                &[
+                    ("server", "squid/5.7"),
+                    ("x-squid-error", "ERR_CONNECT_FAIL 111"),
+                    ("via", "1.1 fake (squid/5.7)"),
+                    ("content-type", "text/html;charset=utf-8"),
+                ],
+                Some(guard),
+            ));
+        }
+        ProxyMode::Plain503 => {
+            st.set_outcome(idx, ProxyOutcome::OwnError(503));
+            return Ok(respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "<html><body>503 Service Unavailable</body></html>",
+                &[("content-type", "text/html")],
+                Some(guard),
+            ));
         }
         ProxyMode::Normal | ProxyMode::RefuseConnections => {}
     }
