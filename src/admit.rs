@@ -11,9 +11,11 @@
 //! The gateway's own listeners (proxy and admin) are denied whatever the config says, so the admin
 //! API is never reachable through the proxy port.
 //!
-//! For `direct://` upstreams the same decision is made again on every address a name resolved to
-//! ([`TargetPolicy::allows_resolved`], called by the connector right before dialing), so a public
-//! name that resolves to an internal address (DNS rebinding) is refused too.
+//! Wherever the gateway resolves a target name itself (`direct://`, and `socks5://`, which sends
+//! the proxy an address), the same decision is made again on every address the name resolved to
+//! ([`TargetPolicy::allows_resolved`], called by the connector right before the address is dialed
+//! or sent), so a public name that resolves to an internal address (DNS rebinding) is refused too.
+//! `socks5h://` and HTTP proxies resolve names themselves: the name is all the gateway sees.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -45,7 +47,8 @@ impl TargetPolicy {
         check_target(&self.config, target, connect)
     }
 
-    /// Whether `addr`, which `target`'s name resolved to, may be dialed (`direct://`).
+    /// Whether `addr`, which `target`'s name resolved to here, may be dialed or sent to a SOCKS
+    /// proxy (`direct://`, `socks5://`).
     pub fn allows_resolved(&self, target: &Target, addr: SocketAddr) -> bool {
         if self.is_own(Some(addr.ip()), "", addr.port()) {
             return false;

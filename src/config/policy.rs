@@ -13,7 +13,8 @@ pub struct PolicyConfig {
     /// an open path into the gateway's own network is the classic forward-proxy hole.
     pub allow_private_targets: bool,
     /// Internal targets allowed all the same: networks (an address is a /32 or /128) and exact
-    /// host names. A name listed here may also resolve to internal addresses for `direct://`.
+    /// host names. A name listed here may also resolve to internal addresses where the gateway
+    /// resolves it (`direct://`, `socks5://`).
     pub allow_targets: TargetAllowList,
 }
 
