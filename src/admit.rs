@@ -3,13 +3,15 @@
 //! The client check comes first: a client address outside `auth.client_cidrs` is refused before
 //! anything else is looked at.
 //!
-//! The target policy denies, unless the config allows them, CONNECT to ports other than the
-//! allowed ones, and targets in loopback, private, link-local (cloud metadata), CGNAT,
-//! unique-local and unspecified ranges, as literals or as `localhost` names. A forward proxy that
-//! lets clients into its own network is the classic open-proxy hole. `policy.allow_targets` lists
-//! the internal networks and names allowed all the same; `allow_private_targets` opens them all.
-//! The gateway's own listeners (proxy and admin) are denied whatever the config says, so the admin
-//! API is never reachable through the proxy port.
+//! The target policy denies, unless the config allows them, CONNECT to ports other than
+//! `connect_ports`, forwarded HTTP to ports other than `http_ports` (by default Squid's
+//! `Safe_ports`: a request aimed at a mail or database port is an attack, not a page), and targets
+//! in loopback, private, link-local (cloud metadata), CGNAT, unique-local and unspecified ranges,
+//! as literals or as `localhost` names. A forward proxy that lets clients into its own network is
+//! the classic open-proxy hole. `policy.allow_targets` lists the internal networks and names
+//! allowed all the same; `allow_private_targets` opens them all. The gateway's own listeners
+//! (proxy and admin) are denied whatever the config says, so the admin API is never reachable
+//! through the proxy port.
 //!
 //! Wherever the gateway resolves a target name itself (`direct://`, and `socks5://`, which sends
 //! the proxy an address), the same decision is made again on every address the name resolved to
@@ -96,6 +98,9 @@ pub fn check_target(
             "CONNECT to this port is not allowed",
         ));
     }
+    if !connect && !policy.http_ports.contains(target.port) {
+        return Err(ProxyError::TargetDenied("HTTP to this port is not allowed"));
+    }
     if policy.allow_private_targets {
         return Ok(());
     }
@@ -157,6 +162,7 @@ mod tests {
     fn policy() -> PolicyConfig {
         PolicyConfig {
             connect_ports: vec![443],
+            http_ports: Default::default(),
             allow_private_targets: false,
             allow_targets: Default::default(),
         }
@@ -194,12 +200,38 @@ mod tests {
     #[test]
     fn connect_ports_and_the_private_switch() {
         assert!(check_target(&policy(), &Target::new("example.com", 25), true).is_err());
-        assert!(check_target(&policy(), &Target::new("example.com", 25), false).is_ok());
+        assert!(check_target(&policy(), &Target::new("example.com", 8025), false).is_ok());
         let open = PolicyConfig {
             allow_private_targets: true,
             ..policy()
         };
         assert!(check_target(&open, &Target::new("127.0.0.1", 443), true).is_ok());
+    }
+
+    #[test]
+    fn http_ports_apply_to_forwarded_requests_only() {
+        for port in [80, 443, 8080, 65535] {
+            let t = Target::new("example.com", port);
+            assert!(check_target(&policy(), &t, false).is_ok(), "{port}");
+        }
+        for port in [22, 25, 6379, 1024] {
+            let t = Target::new("example.com", port);
+            assert!(
+                matches!(
+                    check_target(&policy(), &t, false),
+                    Err(ProxyError::TargetDenied(_))
+                ),
+                "{port}"
+            );
+        }
+        // CONNECT answers to connect_ports alone.
+        let mut p = policy();
+        p.connect_ports = vec![25];
+        p.http_ports = crate::config::PortSet::new(vec![25..=25]);
+        assert!(check_target(&p, &Target::new("example.com", 25), false).is_ok());
+        assert!(check_target(&p, &Target::new("example.com", 80), false).is_err());
+        assert!(check_target(&p, &Target::new("example.com", 25), true).is_ok());
+        assert!(check_target(&p, &Target::new("example.com", 443), true).is_err());
     }
 
     #[test]

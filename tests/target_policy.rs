@@ -393,3 +393,79 @@ async fn an_allowed_legacy_spelling_reaches_the_upstream_as_its_dotted_quad() {
         "the upstream never sees a legacy spelling"
     );
 }
+
+/// The head of the answer to a raw absolute-form GET (raw: a client library would not send some
+/// of these ports at all).
+async fn get_head(gw: &TestGateway, authority: &str) -> String {
+    head_of(
+        &common::raw_http(
+            gw.proxy,
+            format!(
+                "GET http://{authority}/ HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await,
+    )
+}
+
+fn assert_port_denied(head: &str, what: &str) {
+    assert!(head.starts_with("http/1.1 403"), "{what}: {head}");
+    assert!(
+        head.contains("x-pool-error: target-denied"),
+        "{what}: {head}"
+    );
+    assert!(
+        head.contains("proxy-status: poolgate; error=destination_ip_prohibited"),
+        "{what}: {head}"
+    );
+    assert!(
+        head.contains("http to this port is not allowed"),
+        "{what}: {head}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_http_reaches_only_the_allowed_ports() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\n[pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url()
+    ))
+    .await;
+    // By default Squid's Safe_ports: privileged ports other than the web's are refused before any
+    // upstream is leased, public name or not.
+    for authority in [
+        "example.test:22",
+        "example.test:25",
+        "example.test:1024",
+        "203.0.113.5:6",
+        "127.0.0.1:110",
+    ] {
+        assert_port_denied(&get_head(&gw, authority).await, authority);
+    }
+    assert_eq!(upstream.connections(), 0, "no upstream was contacted");
+    // The origin's port (the kernel's pick, above 1024) is allowed.
+    let resp = gw.client().get(origin.url("/ok")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(upstream.requests(), 1);
+    assert_eq!(origin.request_count(), 1);
+
+    // Configured: only what is listed, ports and ranges.
+    let port = origin.port();
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\nhttp_ports = [8, \"{port}-{port}\"]\n\
+         [pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url()
+    ))
+    .await;
+    for authority in ["example.test", "example.test:443", "example.test:65535"] {
+        assert_port_denied(&get_head(&gw, authority).await, authority);
+    }
+    assert_eq!(upstream.connections(), 0, "no upstream was contacted");
+    let resp = gw.client().get(origin.url("/ok")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(origin.request_count(), 2);
+}
