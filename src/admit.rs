@@ -3,17 +3,21 @@
 //! The client check comes first: a client address outside `auth.client_cidrs` is refused before
 //! anything else is looked at.
 //!
-//! The target policy denies, unless the config allows them, CONNECT to ports other than the
-//! allowed ones, and targets in loopback, private, link-local (cloud metadata), CGNAT,
-//! unique-local and unspecified ranges, as literals or as `localhost` names. A forward proxy that
-//! lets clients into its own network is the classic open-proxy hole. `policy.allow_targets` lists
-//! the internal networks and names allowed all the same; `allow_private_targets` opens them all.
-//! The gateway's own listeners (proxy and admin) are denied whatever the config says, so the admin
-//! API is never reachable through the proxy port.
+//! The target policy denies, unless the config allows them, CONNECT to ports other than
+//! `connect_ports`, forwarded HTTP to ports other than `http_ports` (by default Squid's
+//! `Safe_ports`: a request aimed at a mail or database port is an attack, not a page), and targets
+//! in loopback, private, link-local (cloud metadata), CGNAT, unique-local and unspecified ranges,
+//! as literals or as `localhost` names. A forward proxy that lets clients into its own network is
+//! the classic open-proxy hole. `policy.allow_targets` lists the internal networks and names
+//! allowed all the same; `allow_private_targets` opens them all. The gateway's own listeners
+//! (proxy and admin) are denied whatever the config says, so the admin API is never reachable
+//! through the proxy port.
 //!
-//! For `direct://` upstreams the same decision is made again on every address a name resolved to
-//! ([`TargetPolicy::allows_resolved`], called by the connector right before dialing), so a public
-//! name that resolves to an internal address (DNS rebinding) is refused too.
+//! Wherever the gateway resolves a target name itself (`direct://`, and `socks5://`, which sends
+//! the proxy an address), the same decision is made again on every address the name resolved to
+//! ([`TargetPolicy::allows_resolved`], called by the connector right before the address is dialed
+//! or sent), so a public name that resolves to an internal address (DNS rebinding) is refused too.
+//! `socks5h://` and HTTP proxies resolve names themselves: the name is all the gateway sees.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -45,7 +49,8 @@ impl TargetPolicy {
         check_target(&self.config, target, connect)
     }
 
-    /// Whether `addr`, which `target`'s name resolved to, may be dialed (`direct://`).
+    /// Whether `addr`, which `target`'s name resolved to here, may be dialed or sent to a SOCKS
+    /// proxy (`direct://`, `socks5://`).
     pub fn allows_resolved(&self, target: &Target, addr: SocketAddr) -> bool {
         if self.is_own(Some(addr.ip()), "", addr.port()) {
             return false;
@@ -92,6 +97,9 @@ pub fn check_target(
         return Err(ProxyError::TargetDenied(
             "CONNECT to this port is not allowed",
         ));
+    }
+    if !connect && !policy.http_ports.contains(target.port) {
+        return Err(ProxyError::TargetDenied("HTTP to this port is not allowed"));
     }
     if policy.allow_private_targets {
         return Ok(());
@@ -154,6 +162,7 @@ mod tests {
     fn policy() -> PolicyConfig {
         PolicyConfig {
             connect_ports: vec![443],
+            http_ports: Default::default(),
             allow_private_targets: false,
             allow_targets: Default::default(),
         }
@@ -191,12 +200,38 @@ mod tests {
     #[test]
     fn connect_ports_and_the_private_switch() {
         assert!(check_target(&policy(), &Target::new("example.com", 25), true).is_err());
-        assert!(check_target(&policy(), &Target::new("example.com", 25), false).is_ok());
+        assert!(check_target(&policy(), &Target::new("example.com", 8025), false).is_ok());
         let open = PolicyConfig {
             allow_private_targets: true,
             ..policy()
         };
         assert!(check_target(&open, &Target::new("127.0.0.1", 443), true).is_ok());
+    }
+
+    #[test]
+    fn http_ports_apply_to_forwarded_requests_only() {
+        for port in [80, 443, 8080, 65535] {
+            let t = Target::new("example.com", port);
+            assert!(check_target(&policy(), &t, false).is_ok(), "{port}");
+        }
+        for port in [22, 25, 110, 1024] {
+            let t = Target::new("example.com", port);
+            assert!(
+                matches!(
+                    check_target(&policy(), &t, false),
+                    Err(ProxyError::TargetDenied(_))
+                ),
+                "{port}"
+            );
+        }
+        // CONNECT answers to connect_ports alone.
+        let mut p = policy();
+        p.connect_ports = vec![25];
+        p.http_ports = crate::config::PortSet::new(vec![25..=25]);
+        assert!(check_target(&p, &Target::new("example.com", 25), false).is_ok());
+        assert!(check_target(&p, &Target::new("example.com", 80), false).is_err());
+        assert!(check_target(&p, &Target::new("example.com", 25), true).is_ok());
+        assert!(check_target(&p, &Target::new("example.com", 443), true).is_err());
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub struct Gateway {
     /// The config in force; replaced whole by a reload.
     pub live: ArcSwap<Config>,
     /// Target policy in force with the gateway's own listener addresses; shared with the
-    /// connector, which applies it to resolved addresses of `direct://` targets.
+    /// connector, which applies it to the target addresses it resolves (`direct://`,
+    /// `socks5://`).
     pub policy: Arc<ArcSwap<TargetPolicy>>,
     /// Checks proxy credentials and remembers successful checks.
     pub auth: Authenticator,

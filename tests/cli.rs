@@ -37,6 +37,63 @@ fn shipped_gateway_toml_is_valid() {
     );
 }
 
+/// The image's config is `gateway.toml` with the one substitution the Dockerfile makes (`sed -i
+/// 's/^<from>/<to>/'`). It must still apply (a reworded `listen` line would leave the proxy on
+/// the container's loopback, reachable from nowhere), the result must load, and the Dockerfile
+/// must expose exactly the ports that listen beyond loopback: the proxy's, not the admin's.
+#[test]
+fn the_docker_images_config_loads_and_its_exposed_ports_listen() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dockerfile = std::fs::read_to_string(format!("{root}/Dockerfile")).unwrap();
+    let shipped = std::fs::read_to_string(format!("{root}/gateway.toml")).unwrap();
+    let substitution = dockerfile
+        .lines()
+        .find_map(|l| l.split_once("sed -i 's/^").map(|(_, rest)| rest))
+        .expect("the Dockerfile edits gateway.toml with sed -i 's/^...'");
+    let mut parts = substitution.split('/');
+    let (from, to) = (parts.next().unwrap(), parts.next().unwrap());
+    assert!(
+        parts.next().is_some_and(|flags| flags.starts_with('\'')),
+        "one plain substitution: {substitution}"
+    );
+    let mut changed = 0;
+    let image: Vec<String> = shipped
+        .lines()
+        .map(|line| match line.strip_prefix(from) {
+            Some(rest) => {
+                changed += 1;
+                format!("{to}{rest}")
+            }
+            None => line.to_string(),
+        })
+        .collect();
+    assert_eq!(
+        changed, 1,
+        "`{from}` starts exactly one line of gateway.toml"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&dir, &image.join("\n"));
+    let config = poolgate::config::Config::load(&path).unwrap();
+    assert_eq!(config.server.listen.to_string(), "0.0.0.0:8080");
+    assert!(config.server.admin_listen.ip().is_loopback());
+    assert!(config.auth.users.is_empty(), "the docs say it has no users");
+
+    let exposed: Vec<u16> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("EXPOSE "))
+        .flat_map(|ports| ports.split_whitespace().map(|p| p.parse().unwrap()))
+        .collect();
+    let reachable: Vec<u16> = [config.server.listen, config.server.admin_listen]
+        .iter()
+        .filter(|a| !a.ip().is_loopback())
+        .map(|a| a.port())
+        .collect();
+    assert_eq!(
+        exposed, reachable,
+        "EXPOSE lists the ports that listen beyond loopback"
+    );
+}
+
 #[test]
 fn check_names_every_bad_key_and_exits_non_zero() {
     let dir = tempfile::tempdir().unwrap();

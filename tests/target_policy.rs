@@ -12,7 +12,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use common::{FakeProxy, FakeProxyOpts, Origin, OriginBehaviour, TestGateway};
+use common::{
+    FakeProxy, FakeProxyOpts, FakeSocks, FakeSocksOpts, Origin, OriginBehaviour, TestGateway,
+};
 use poolgate::app::StartOptions;
 use poolgate::upstream::connect::Resolve;
 
@@ -163,6 +165,102 @@ async fn direct_checks_the_resolved_address_so_rebinding_names_are_denied() {
     assert_eq!(resp.status(), 403, "another name is still checked");
 }
 
+/// Names that resolve (through the injected resolver) to loopback, the metadata address and a
+/// private network.
+const INSIDE_NAMES: [(&str, &str); 3] = [
+    ("loop.test", "127.0.0.1"),
+    ("metadata.test", "169.254.169.254"),
+    ("private.test", "10.0.0.5"),
+];
+
+/// A gateway whose one upstream is the fake SOCKS server as `socks5://` (names resolved by the
+/// gateway), with `INSIDE_NAMES` as its resolver.
+async fn socks5_gateway(socks: &FakeSocks, policy: &str) -> TestGateway {
+    let resolver = MapResolver(
+        INSIDE_NAMES
+            .iter()
+            .map(|(name, ip)| (name.to_string(), ip.parse().unwrap()))
+            .collect(),
+    );
+    TestGateway::start_text_with(
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+             [policy]\n{policy}\n[pools.default]\nupstreams = [\"{}\"]\n",
+            socks.url()
+        ),
+        StartOptions {
+            resolver: Some(Arc::new(resolver)),
+            ..StartOptions::default()
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socks5_checks_the_addresses_it_resolves_like_direct() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let port = origin.port();
+    let socks = FakeSocks::start(FakeSocksOpts::default()).await;
+    let gw = socks5_gateway(&socks, &format!("connect_ports = [{port}]")).await;
+    for (name, _) in INSIDE_NAMES {
+        let resp = gw
+            .client()
+            .get(format!("http://{name}:{port}/ok"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{name}");
+        assert_eq!(resp.headers()["x-pool-error"], "target-denied", "{name}");
+        assert!(
+            resp.headers()["proxy-status"]
+                .to_str()
+                .unwrap()
+                .contains("destination_ip_prohibited"),
+            "{name}"
+        );
+        let text = connect_status(&gw, &format!("{name}:{port}")).await;
+        assert!(text.starts_with("HTTP/1.1 403"), "CONNECT {name}: {text}");
+        assert!(
+            text.to_lowercase().contains("x-pool-error: target-denied"),
+            "CONNECT {name}: {text}"
+        );
+    }
+    assert_eq!(
+        socks.connections(),
+        0,
+        "the SOCKS upstream was never contacted"
+    );
+    assert_eq!(origin.request_count(), 0);
+    // The denial is not the upstream's fault.
+    let st = gw.upstream_status("default", &socks.url()).await;
+    assert_eq!(st["outcomes"]["upstream_error"], 0, "{st}");
+    assert_eq!(st["outcomes"]["connect_error"], 0, "{st}");
+
+    // With private targets allowed the resolved address is what the SOCKS server is asked for.
+    // The fake dials loopback only and refuses the rest (0x02) without dialing: a 502 from the
+    // upstream leg, not a 403 from the policy. A gateway per name, so that no refusal counts
+    // against the upstream's health before the next request.
+    for (name, ip) in INSIDE_NAMES {
+        let socks = FakeSocks::start(FakeSocksOpts::default()).await;
+        let gw = socks5_gateway(
+            &socks,
+            &format!("allow_private_targets = true\nconnect_ports = [{port}]"),
+        )
+        .await;
+        let resp = gw
+            .client()
+            .get(format!("http://{name}:{port}/ok"))
+            .send()
+            .await
+            .unwrap();
+        let want = if name == "loop.test" { 200 } else { 502 };
+        assert_eq!(resp.status(), want, "{name}");
+        let sent: Vec<String> = socks.requests().iter().map(|r| r.addr.host()).collect();
+        assert_eq!(sent, [ip], "{name}");
+    }
+    assert_eq!(origin.request_count(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_is_not_reachable_through_the_proxy_port() {
     let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
@@ -294,4 +392,80 @@ async fn an_allowed_legacy_spelling_reaches_the_upstream_as_its_dotted_quad() {
         vec!["127.0.0.1:443"; 4],
         "the upstream never sees a legacy spelling"
     );
+}
+
+/// The head of the answer to a raw absolute-form GET (raw: a client library would not send some
+/// of these ports at all).
+async fn get_head(gw: &TestGateway, authority: &str) -> String {
+    head_of(
+        &common::raw_http(
+            gw.proxy,
+            format!(
+                "GET http://{authority}/ HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await,
+    )
+}
+
+fn assert_port_denied(head: &str, what: &str) {
+    assert!(head.starts_with("http/1.1 403"), "{what}: {head}");
+    assert!(
+        head.contains("x-pool-error: target-denied"),
+        "{what}: {head}"
+    );
+    assert!(
+        head.contains("proxy-status: poolgate; error=destination_ip_prohibited"),
+        "{what}: {head}"
+    );
+    assert!(
+        head.contains("http to this port is not allowed"),
+        "{what}: {head}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_http_reaches_only_the_allowed_ports() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\n[pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url()
+    ))
+    .await;
+    // By default Squid's Safe_ports: privileged ports other than the web's are refused before any
+    // upstream is leased, public name or not.
+    for authority in [
+        "example.test:22",
+        "example.test:25",
+        "example.test:1024",
+        "203.0.113.5:6",
+        "127.0.0.1:110",
+    ] {
+        assert_port_denied(&get_head(&gw, authority).await, authority);
+    }
+    assert_eq!(upstream.connections(), 0, "no upstream was contacted");
+    // The origin's port (the kernel's pick, above 1024) is allowed.
+    let resp = gw.client().get(origin.url("/ok")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(upstream.requests(), 1);
+    assert_eq!(origin.request_count(), 1);
+
+    // Configured: only what is listed, ports and ranges.
+    let port = origin.port();
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\nhttp_ports = [8, \"{port}-{port}\"]\n\
+         [pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url()
+    ))
+    .await;
+    for authority in ["example.test", "example.test:443", "example.test:65535"] {
+        assert_port_denied(&get_head(&gw, authority).await, authority);
+    }
+    assert_eq!(upstream.connections(), 0, "no upstream was contacted");
+    let resp = gw.client().get(origin.url("/ok")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(origin.request_count(), 2);
 }

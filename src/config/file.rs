@@ -108,8 +108,45 @@ pub(super) struct FileStore {
 #[serde(deny_unknown_fields)]
 pub(super) struct FilePolicy {
     pub(super) connect_ports: Option<Vec<u16>>,
+    pub(super) http_ports: Option<Vec<FilePorts>>,
     pub(super) allow_private_targets: Option<bool>,
     pub(super) allow_targets: Option<Vec<String>>,
+}
+
+/// One entry of a port list as written: a port (`443`) or a range (`"1025-65535"`), checked by the
+/// validator so that a bad one is named by its key.
+#[derive(Debug)]
+pub(super) enum FilePorts {
+    Number(i64),
+    Text(String),
+}
+
+/// By hand rather than `#[serde(untagged)]`, which would report a wrong type as "did not match
+/// any variant" without saying what is expected.
+impl<'de> Deserialize<'de> for FilePorts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = FilePorts;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a port (443) or a range of ports (\"1025-65535\")")
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+                Ok(FilePorts::Number(n))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+                Ok(FilePorts::Number(i64::try_from(n).unwrap_or(i64::MAX)))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(FilePorts::Text(s.to_string()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

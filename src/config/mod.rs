@@ -38,7 +38,7 @@ pub use captcha::{CaptchaConfig, DEFAULT_CAPTCHA_MARKERS, DEFAULT_SNIFF_BYTES, M
 pub use defaults::*;
 pub use error::ConfigError;
 pub use health::HealthConfig;
-pub use policy::{PolicyConfig, TargetAllowList};
+pub use policy::{DEFAULT_HTTP_PORTS, PolicyConfig, PortSet, TargetAllowList};
 pub use pool::{PoolConfig, Strategy};
 pub use probe::{
     ControlTarget, DEFAULT_PROBE_CONCURRENCY, DEFAULT_PROBE_DEAD_INTERVAL_MS,

@@ -56,8 +56,8 @@ pub enum ConnectError {
         target: String,
         reason: &'static str,
     },
-    /// Every address the target's name resolved to is denied by the target policy (`direct://`:
-    /// a name that points into an internal network). Nothing was dialed.
+    /// Every address the target's name resolved to is denied by the target policy (`direct://`,
+    /// `socks5://`: a name that points into an internal network). Nothing was dialed or sent.
     #[error("{target} resolves only to addresses this proxy may not reach")]
     TargetDenied { target: String },
     /// `proxy_conn` was called for an upstream that does not speak HTTP proxy.

@@ -84,8 +84,9 @@ impl Resolve for SystemResolver {
     }
 }
 
-/// Whether a resolved address may be dialed for a target: the target policy applied to what a
-/// name really points at, right before `direct://` dials it.
+/// Whether a resolved address may be used for a target: the target policy applied to what a
+/// name really points at, on every address resolved here, right before `direct://` dials it or
+/// `socks5://` hands it to the proxy.
 pub type AddrGuard = Arc<dyn Fn(&Target, SocketAddr) -> bool + Send + Sync>;
 
 /// Opens streams through upstreams. Cheap to clone (clones share settings); holds no connections.
@@ -96,7 +97,8 @@ pub struct Connector {
     connect_timeout_ms: Arc<AtomicU64>,
     /// Resolves target names (`direct`, `socks5`).
     resolver: Arc<dyn Resolve>,
-    /// Checked on every resolved address before `direct` dials it; `None` allows all.
+    /// Checked on every target address resolved here (`direct`, `socks5`) before it is used;
+    /// `None` allows all.
     guard: Option<AddrGuard>,
 }
 
@@ -127,7 +129,8 @@ impl Connector {
         self
     }
 
-    /// Checks every address a `direct` target resolved to with `guard` before dialing.
+    /// Checks every address a target resolved to here (`direct`, `socks5`) with `guard` before
+    /// it is dialed or sent to a SOCKS proxy.
     pub fn with_guard(mut self, guard: AddrGuard) -> Self {
         self.guard = Some(guard);
         self
@@ -149,29 +152,25 @@ impl Connector {
             .store(timeout.as_millis() as u64, Ordering::Relaxed);
     }
 
-    /// Resolves a target: literals as they are, names through the resolver.
-    async fn resolve_target(&self, target: &Target) -> Result<Vec<SocketAddr>, ConnectError> {
-        if let Some(ip) = target.ip() {
-            return Ok(vec![SocketAddr::new(ip, target.port)]);
-        }
-        let addrs = self
-            .resolver
-            .resolve(&target.host, target.port)
-            .await
-            .map_err(|error| ConnectError::TargetDns {
-                host: target.host.clone(),
-                error,
-            })?;
-        if addrs.is_empty() {
+    /// The addresses of `target` that may be used: literals as they are, names through the
+    /// resolver, then the target policy again on what the name really points at, so a name cannot
+    /// rebind its way into an internal network. The one way a target is resolved here: every kind
+    /// that resolves names itself (`direct`, `socks5`) gets its addresses from this.
+    async fn guarded_addrs(&self, target: &Target) -> Result<Vec<SocketAddr>, ConnectError> {
+        let resolved = match target.ip() {
+            Some(ip) => vec![SocketAddr::new(ip, target.port)],
+            None => self
+                .resolver
+                .resolve(&target.host, target.port)
+                .await
+                .map_err(|error| ConnectError::TargetDns {
+                    host: target.host.clone(),
+                    error,
+                })?,
+        };
+        if resolved.is_empty() {
             return Err(target_dns(target, "no addresses"));
         }
-        Ok(addrs)
-    }
-
-    /// The addresses of `target` that may be dialed: the target policy again, on what the name
-    /// really points at, so a name cannot rebind its way into an internal network.
-    async fn guarded_addrs(&self, target: &Target) -> Result<Vec<SocketAddr>, ConnectError> {
-        let resolved = self.resolve_target(target).await?;
         let addrs: Vec<SocketAddr> = match &self.guard {
             Some(guard) => resolved.into_iter().filter(|a| guard(target, *a)).collect(),
             None => resolved,

@@ -12,8 +12,9 @@ use crate::target::Target;
 use crate::upstream::{Scheme, Upstream};
 
 /// SOCKS5 handshake on a TCP connection we opened ourselves, so the timeout and connect errors
-/// stay ours. `socks5` resolves the target here and sends its first address (one handshake per
-/// attempt, so no fallback); `socks5h` sends the name for the proxy to resolve.
+/// stay ours. `socks5` resolves the target here and sends the first address the target policy
+/// allows (the same check `direct` makes before dialing; one handshake per attempt, so no
+/// fallback); `socks5h` sends the name for the proxy to resolve.
 pub(super) async fn tunnel(
     connector: &Connector,
     upstream: &Upstream,
@@ -21,8 +22,8 @@ pub(super) async fn tunnel(
 ) -> Result<BoxIo, ConnectError> {
     let addr = upstream.addr.as_str();
     let dest = if upstream.scheme == Scheme::Socks5 {
-        let resolved = connector.resolve_target(target).await?;
-        match resolved.first() {
+        let allowed = connector.guarded_addrs(target).await?;
+        match allowed.first() {
             Some(ip) => TargetAddr::Ip(*ip),
             None => return Err(target_dns(target, "no addresses")),
         }

@@ -218,3 +218,64 @@ async fn socks_failures_keep_their_kind() {
     })
     .await;
 }
+
+/// Resolves every name to `ip`: a name that points wherever the test wants, without DNS.
+struct PointsAt(std::net::IpAddr);
+
+impl crate::upstream::connect::Resolve for PointsAt {
+    fn resolve(
+        &self,
+        _host: &str,
+        port: u16,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = io::Result<Vec<std::net::SocketAddr>>>
+                + Send
+                + 'static,
+        >,
+    > {
+        let addr = std::net::SocketAddr::new(self.0, port);
+        Box::pin(async move { Ok(vec![addr]) })
+    }
+}
+
+#[tokio::test]
+async fn socks5_checks_the_address_it_resolved_before_sending_it() {
+    bounded(async {
+        let (echo_port, _peers) = echo_target().await;
+        let (port, mut seen) = fake_socks(None).await;
+        let target = Target::new("inside.test", echo_port);
+        let up = upstream(&format!("socks5://127.0.0.1:{port}"));
+        // The guard the gateway installs is the target policy; here, "nothing loopback".
+        let guarded = |ip: &str| {
+            connector()
+                .with_resolver(std::sync::Arc::new(PointsAt(ip.parse().unwrap())))
+                .with_guard(std::sync::Arc::new(
+                    |_: &Target, a: std::net::SocketAddr| !a.ip().is_loopback(),
+                ))
+        };
+        let err = err_of(guarded("127.0.0.1").tunnel(&up, &target).await).await;
+        assert!(matches!(err, ConnectError::TargetDenied { .. }), "{err:?}");
+        assert_eq!(err.outcome(), Outcome::OriginError);
+        assert_eq!(err.proxy_status(), "destination_ip_prohibited");
+        assert!(seen.try_recv().is_err(), "the proxy was sent nothing");
+
+        // Allowed addresses go to the proxy as the address resolved here.
+        let err = err_of(guarded("192.0.2.7").tunnel(&up, &target).await).await;
+        assert!(matches!(err, ConnectError::Socks { .. }), "{err:?}");
+        assert_eq!(
+            seen.recv().await.unwrap(),
+            (SocksDest::V4([192, 0, 2, 7].into()), echo_port)
+        );
+
+        // socks5h resolves nothing here: the name goes to the proxy, whatever it points at.
+        let up = upstream(&format!("socks5h://127.0.0.1:{port}"));
+        let err = err_of(guarded("127.0.0.1").tunnel(&up, &target).await).await;
+        assert!(matches!(err, ConnectError::Socks { .. }), "{err:?}");
+        assert_eq!(
+            seen.recv().await.unwrap(),
+            (SocksDest::Name("inside.test".into()), echo_port)
+        );
+    })
+    .await;
+}
