@@ -168,6 +168,18 @@ impl Validator {
                 "required when server.admin_listen is not a loopback address",
             );
         }
+        // Safe by default: a proxy reachable beyond this machine with neither users nor a
+        // client allowlist would serve anyone as an open proxy (Squid refuses all but its
+        // `localnet` the same way).
+        if !server.listen.ip().is_loopback() && auth.users.is_empty() && auth.client_cidrs.is_none()
+        {
+            self.problem(
+                "server.listen",
+                "a proxy listener beyond loopback needs [auth.users] or auth.client_cidrs, or anyone \
+                 who reaches it may use it; for a private network: client_cidrs = [\"10.0.0.0/8\", \
+                 \"172.16.0.0/12\", \"192.168.0.0/16\", \"127.0.0.0/8\"]",
+            );
+        }
         if server.listen == server.admin_listen && server.listen.port() != 0 {
             self.problem("server.admin_listen", "must differ from server.listen");
         }

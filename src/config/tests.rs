@@ -51,6 +51,36 @@ queue_timeout = "soon"
     assert!(!joined.contains("hunter2"), "{joined}");
 }
 
+/// A proxy listener beyond loopback needs users or a client allowlist; with either, or on
+/// loopback, it starts.
+#[test]
+fn a_proxy_listener_beyond_loopback_is_never_an_open_proxy() {
+    let pool = "[pools.default]\nupstreams = [\"direct://\"]\n";
+    for listen in ["0.0.0.0:8080", "[::]:8080", "192.0.2.1:8080"] {
+        let p = problems(&format!("[server]\nlisten = \"{listen}\"\n{pool}"));
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with("server.listen") && m.contains("client_cidrs")),
+            "{listen}: {p:?}"
+        );
+    }
+    let ok = |text: &str| {
+        Config::parse(text, "t", None)
+            .map(|_| ())
+            .map_err(|e| e.problems)
+    };
+    assert_eq!(
+        ok(&format!(
+            "[server]\nlisten = \"0.0.0.0:8080\"\n[auth]\nclient_cidrs = [\"10.0.0.0/8\"]\n{pool}"
+        )),
+        Ok(())
+    );
+    assert_eq!(
+        ok(&format!("[server]\nlisten = \"127.0.0.1:8080\"\n{pool}")),
+        Ok(())
+    );
+}
+
 #[test]
 fn admin_off_loopback_needs_a_token() {
     let p = problems(
