@@ -151,7 +151,7 @@ impl Authenticator {
         client: ClientKey,
         policy: &LoginBackoff,
     ) -> Result<(), AuthFailure> {
-        if policy.max_failures == 0 {
+        if policy.max_failures == 0 || !self.backoff.any_locked() {
             return Ok(());
         }
         match self.backoff.locked(client, Instant::now()) {

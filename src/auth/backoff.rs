@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -78,11 +79,20 @@ impl Record {
 #[derive(Default)]
 pub struct Backoff {
     clients: Mutex<HashMap<ClientKey, Record>>,
+    /// Records that carry a lockout (over or not): while there are none, which is nearly always,
+    /// an authenticated request asks [`Backoff::any_locked`] and takes no lock.
+    with_lockout: AtomicUsize,
 }
 
 impl Backoff {
     fn lock(&self) -> MutexGuard<'_, HashMap<ClientKey, Record>> {
         self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether any client may be locked out; false means [`Backoff::locked`] would say `None`
+    /// for everyone.
+    pub fn any_locked(&self) -> bool {
+        self.with_lockout.load(Ordering::Relaxed) > 0
     }
 
     /// How much longer `client` is locked out, if it is.
@@ -99,7 +109,13 @@ impl Backoff {
         }
         let mut clients = self.lock();
         if !clients.contains_key(&client) && clients.len() >= MAX_TRACKED_CLIENTS {
-            clients.retain(|_, r| r.live(now, policy.window));
+            let mut dropped = 0;
+            clients.retain(|_, r| {
+                let keep = r.live(now, policy.window);
+                dropped += usize::from(!keep && r.locked_until.is_some());
+                keep
+            });
+            self.with_lockout.fetch_sub(dropped, Ordering::Relaxed);
             if clients.len() >= MAX_TRACKED_CLIENTS {
                 return false;
             }
@@ -110,6 +126,9 @@ impl Backoff {
             return false;
         }
         if r.locked_until.is_some() || now.saturating_duration_since(r.since) >= policy.window {
+            if r.locked_until.is_some() {
+                self.with_lockout.fetch_sub(1, Ordering::Relaxed);
+            }
             *r = Record::fresh(now);
         }
         r.failures = r.failures.saturating_add(1);
@@ -118,6 +137,9 @@ impl Backoff {
         }
         r.failures = 0;
         r.locked_until = now.checked_add(policy.lockout);
+        if r.locked_until.is_some() {
+            self.with_lockout.fetch_add(1, Ordering::Relaxed);
+        }
         r.locked_until.is_some()
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use aho_corasick::{AhoCorasick, AhoCorasickKind};
 
 use crate::config::CaptchaConfig;
-pub use crate::outcome::Outcome;
+use crate::outcome::Outcome;
 
 /// Response classification: status and headers at the head, body markers while it streams.
 ///

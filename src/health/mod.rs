@@ -13,7 +13,7 @@ pub mod view;
 
 use std::sync::{Arc, RwLock};
 
-pub use classify::Outcome;
+pub use crate::outcome::Outcome;
 pub use engine::{Change, PoolHealth};
 
 use crate::config::PoolConfig;

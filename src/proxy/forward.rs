@@ -23,7 +23,7 @@ use crate::limits::{self, BodyFault, LimitedBody, LookaheadFault};
 use crate::proxy::observe::Observed;
 use crate::proxy::{self, framing, headers};
 use crate::state::Gateway;
-use crate::target::{Target, TargetError};
+use crate::target::Target;
 use crate::upstream::Upstream;
 use crate::upstream::connect::ConnectError;
 use crate::upstream::reuse::ConnKey;
@@ -33,10 +33,7 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Result<Response<Body>, ProxyError> {
-    let target = Target::from_uri(req.uri(), None).map_err(|e| match e {
-        TargetError::Unusable => ProxyError::BadRequest("the request URI has no usable host"),
-        TargetError::BadHost => ProxyError::BadRequest(e.message()),
-    })?;
+    let target = proxy::target_of(req.uri(), "the request URI has no usable host")?;
     if !matches!(req.uri().scheme_str(), Some("http")) {
         return Err(ProxyError::BadRequest(
             "only http:// URIs are forwarded; use CONNECT for https",

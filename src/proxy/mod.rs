@@ -33,11 +33,20 @@ use crate::proxy::respond::ErrorResponse;
 use crate::session::{self, SessionRequest};
 use crate::state::Gateway;
 use crate::store::Store;
-use crate::target::Target;
+use crate::target::{Target, TargetError};
 use crate::upstream::connect::ConnectError;
 use crate::upstream::{Upstream, UpstreamId};
 
 use crate::body::Body;
+
+/// The client's target from its request URI (absolute form or CONNECT authority), its host in
+/// its one canonical spelling; `unusable` says what was missing when there is no host or port.
+fn target_of(uri: &http::Uri, unusable: &'static str) -> Result<Target, ProxyError> {
+    Target::from_uri(uri, None).map_err(|e| match e {
+        TargetError::Unusable => ProxyError::BadRequest(unusable),
+        TargetError::BadHost => ProxyError::BadRequest(e.message()),
+    })
+}
 
 /// The proxy service: never fails, every error becomes its response here. Every request is
 /// counted as accepted and settled exactly once (see [`crate::accounting`]).

@@ -33,7 +33,6 @@ use crate::proxy::pipe::{self, End, Side};
 use crate::proxy::{self, headers};
 use crate::server::AfterUpgrade;
 use crate::state::Gateway;
-use crate::target::{Target, TargetError};
 use crate::upstream::connect::{BoxIo, Io, Rewind};
 
 /// An upstream that ends a tunnel this soon after it was established...
@@ -47,10 +46,7 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Result<Response<Body>, ProxyError> {
-    let target = Target::from_uri(req.uri(), None).map_err(|e| match e {
-        TargetError::Unusable => ProxyError::BadRequest("CONNECT needs a host:port target"),
-        TargetError::BadHost => ProxyError::BadRequest(e.message()),
-    })?;
+    let target = proxy::target_of(req.uri(), "CONNECT needs a host:port target")?;
     let route = proxy::route(gw, req.headers(), &target, true, peer).await?;
     let (mut lease, io) = proxy::open(gw, &route, |up| {
         let gw = gw.clone();

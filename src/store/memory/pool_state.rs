@@ -312,30 +312,26 @@ impl PoolState {
         }
         // A new binding goes to the first member in service that has room: one at its cap is no
         // candidate (the session would wait for it while others are free).
-        let mut any_eligible = false;
-        let Some(first) = preferred
-            .iter()
-            .filter(|id| self.eligible(id))
-            .find(|id| {
-                any_eligible = true;
-                !self.at_cap(id)
-            })
-            .cloned()
-        else {
-            return if any_eligible {
-                Acquired::AtCapacity
-            } else {
-                Acquired::NoCandidates
-            };
-        };
-        self.sessions.insert(
-            key.to_string(),
-            Binding {
-                upstream: first.clone(),
-                expires: now + ttl,
-            },
-        );
-        self.grant(&first, now, true)
+        let mut capped = false;
+        for id in preferred.iter().filter(|id| self.eligible(id)) {
+            if self.at_cap(id) {
+                capped = true;
+                continue;
+            }
+            self.sessions.insert(
+                key.to_string(),
+                Binding {
+                    upstream: id.clone(),
+                    expires: now + ttl,
+                },
+            );
+            return self.grant(id, now, true);
+        }
+        if capped {
+            Acquired::AtCapacity
+        } else {
+            Acquired::NoCandidates
+        }
     }
 
     pub(super) fn set_member(&mut self, id: &UpstreamId, state: MemberState) {
