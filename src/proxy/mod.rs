@@ -94,8 +94,8 @@ pub async fn handle(
     }
 }
 
-/// Admission and routing, common to both request kinds: client allowlist, authentication, target
-/// policy, session, pool.
+/// Admission and routing of an HTTP request, either kind: what its headers ask for (session,
+/// pool, credentials), then [`route_ask`].
 pub async fn route(
     gw: &Gateway,
     headers: &HeaderMap,
@@ -103,8 +103,8 @@ pub async fn route(
     connect: bool,
     peer: SocketAddr,
 ) -> Result<Route, ProxyError> {
-    let live = gw.live.load_full();
-    admit::check_client(&live.auth, peer.ip())?;
+    // The client allowlist comes before anything of the request is read.
+    admit::check_client(&gw.live.load().auth, peer.ip())?;
     let ask: SessionRequest = session::parse(headers).map_err(|e| {
         if e.is_proxy_auth() {
             ProxyError::BadUsername(e)
@@ -112,6 +112,20 @@ pub async fn route(
             ProxyError::BadSessionHeader(e)
         }
     })?;
+    route_ask(gw, ask, target, connect, peer).await
+}
+
+/// Admission and routing common to every front door, from what the client asked for: client
+/// allowlist, authentication, target policy, session, pool.
+pub async fn route_ask(
+    gw: &Gateway,
+    ask: SessionRequest,
+    target: &Target,
+    connect: bool,
+    peer: SocketAddr,
+) -> Result<Route, ProxyError> {
+    let live = gw.live.load_full();
+    admit::check_client(&live.auth, peer.ip())?;
     let user_name: Option<Arc<str>> = live
         .auth
         .required()

@@ -230,21 +230,10 @@ pub fn parse(headers: &HeaderMap) -> Result<SessionRequest, SessionError> {
     let header_session = header_session(headers)?;
     let header_pool = header_pool(headers)?;
 
-    let mut req = SessionRequest::default();
-    if let Some((username, password)) = basic_credentials(headers)? {
-        let labels = parse_username(&username).map_err(|e| {
-            if !password.is_empty() && username.contains(password.as_str()) {
-                e.redact()
-            } else {
-                e
-            }
-        })?;
-        req.session = labels.session;
-        req.ttl = labels.ttl;
-        req.pool = labels.pool;
-        req.user = Some(labels.account);
-        req.password = Some(password);
-    }
+    let mut req = match basic_credentials(headers)? {
+        Some((username, password)) => from_credentials(&username, password)?,
+        None => SessionRequest::default(),
+    };
     match header_session {
         Some(HeaderSession::Create) => {
             req.create = true;
@@ -260,6 +249,27 @@ pub fn parse(headers: &HeaderMap) -> Result<SessionRequest, SessionError> {
         return Err(SessionError::LifetimeWithoutSession);
     }
     Ok(req)
+}
+
+/// What a proxy login asks for: the username's tokens and the password, as every front door
+/// reads them (HTTP `Proxy-Authorization`, a SOCKS5 username/password login). A lifetime without
+/// a session is left for the caller to judge, since a header may still supply the session.
+pub fn from_credentials(username: &str, password: String) -> Result<SessionRequest, SessionError> {
+    let labels = parse_username(username).map_err(|e| {
+        if !password.is_empty() && username.contains(password.as_str()) {
+            e.redact()
+        } else {
+            e
+        }
+    })?;
+    Ok(SessionRequest {
+        session: labels.session,
+        ttl: labels.ttl,
+        pool: labels.pool,
+        user: Some(labels.account),
+        password: Some(password),
+        ..SessionRequest::default()
+    })
 }
 
 /// A fresh random key for `X-Pool-Session: create`: 32 hex characters (128 bits), so keys minted
