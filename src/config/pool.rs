@@ -5,13 +5,13 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::intercept::HostPattern;
-use crate::upstream::Upstream;
+use crate::upstream::{Labels, Upstream};
 
 use super::defaults::{
     DEFAULT_LEASE_TTL_MS, DEFAULT_QUEUE_TIMEOUT_MS, DEFAULT_RETRIES, DEFAULT_SESSION_TTL_MS,
     MAX_RETRIES, MAX_SESSION_TTL_MS, MIN_LEASE_TTL_MS,
 };
-use super::file::FilePool;
+use super::file::{FilePool, FileUpstream};
 use super::validate::Validator;
 use super::{HealthConfig, ProbeConfig, RateLimitConfig, SourcesConfig};
 
@@ -65,6 +65,48 @@ pub struct PoolConfig {
 }
 
 impl Validator {
+    /// One inline upstream: its URL, its `name` (the id, as a URL's `#name`) and its labels.
+    fn upstream(&mut self, key: &str, entry: &FileUpstream) -> Option<Upstream> {
+        let table = match entry {
+            FileUpstream::Url(url) => {
+                return Upstream::parse(url)
+                    .map_err(|e| self.problem(key, e))
+                    .ok();
+            }
+            FileUpstream::Table(t) => t,
+        };
+        let url = match &table.name {
+            Some(name) if name.is_empty() || name.contains(char::is_whitespace) => {
+                self.problem(&format!("{key}.name"), "a name is non-empty and has no spaces");
+                return None;
+            }
+            Some(name) => format!("{}#{name}", table.url.split('#').next().unwrap_or_default()),
+            None => table.url.clone(),
+        };
+        let mut upstream = match Upstream::parse(&url) {
+            Ok(u) => u,
+            Err(e) => {
+                self.problem(&format!("{key}.url"), e);
+                return None;
+            }
+        };
+        for (k, v) in &table.labels {
+            if let Err(e) = Labels::new([(k.as_str(), v.as_str())]) {
+                self.problem(&format!("{key}.labels.{k}"), e);
+                return None;
+            }
+        }
+        match Labels::new(table.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+            Ok(labels) => upstream.labels = labels,
+            // Keys that differ only in case: one label given twice.
+            Err(e) => {
+                self.problem(&format!("{key}.labels"), e);
+                return None;
+            }
+        }
+        Some(upstream)
+    }
+
     pub(super) fn pool(&mut self, name: &str, p: FilePool) -> Option<PoolConfig> {
         let key = |k: &str| format!("pools.{name}.{k}");
         if name.is_empty()
@@ -79,10 +121,9 @@ impl Validator {
             );
         }
         let mut upstreams = Vec::new();
-        for (i, url) in p.upstreams.iter().flatten().enumerate() {
-            match Upstream::parse(url) {
-                Ok(u) => upstreams.push(u),
-                Err(e) => self.problem(&format!("pools.{name}.upstreams[{i}]"), e),
+        for (i, entry) in p.upstreams.iter().flatten().enumerate() {
+            if let Some(u) = self.upstream(&format!("pools.{name}.upstreams[{i}]"), entry) {
+                upstreams.push(u);
             }
         }
         let sources = self.sources(name, &p);

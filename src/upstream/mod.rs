@@ -4,6 +4,7 @@
 //! the id can be logged, shown in `/status` and sent to clients in `X-Pool-Upstream`.
 
 pub mod connect;
+pub mod labels;
 pub mod reuse;
 pub mod tls;
 
@@ -12,6 +13,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use thiserror::Error;
+
+pub use labels::{Filter, LabelError, Labels};
 
 /// Stable, credential-free name of an upstream (`http://host:port`, `direct://`, or an explicit
 /// `#name` fragment from the URL).
@@ -115,6 +118,8 @@ pub struct Upstream {
     /// The id as the `X-Pool-Upstream` value, made once: every response carries it. `None` for
     /// an id that cannot be a header value (then no response names it).
     pub id_header: Option<http::HeaderValue>,
+    /// What kind of exit it is (`country=de type=datacenter`), for requests that ask for one.
+    pub labels: Labels,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -177,6 +182,7 @@ impl Upstream {
                 addr: String::new(),
                 bind,
                 credentials: None,
+                labels: Labels::default(),
             });
         }
         if rest.contains('/') || rest.contains('?') {
@@ -215,11 +221,22 @@ impl Upstream {
             addr,
             bind: None,
             credentials,
+            labels: Labels::default(),
         })
     }
 }
 
 impl Upstream {
+    /// The upstream as a line of an upstream list, its URL and then its labels: what
+    /// [`crate::sources::list::parse`] reads back. Holds the credentials, so never for logs.
+    pub fn to_list_line(&self) -> String {
+        if self.labels.is_empty() {
+            self.to_url()
+        } else {
+            format!("{} {}", self.to_url(), self.labels)
+        }
+    }
+
     /// The URL [`Upstream::parse`] reads back into this upstream, credentials included: for
     /// handing a list to other instances through the store, never for logs.
     pub fn to_url(&self) -> String {
