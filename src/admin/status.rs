@@ -1,6 +1,8 @@
 //! The `/status` document. Field names are a public contract (docs/operations.md, "/status"): snake_case, units
 //! in the names, never an upstream credential.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::health::engine::{MatrixRow, TargetIncident, UpstreamHealthView};
@@ -41,6 +43,8 @@ pub struct PoolView {
     pub sessions_live: u64,
     pub leases_live: u64,
     pub counts_by_state: std::collections::BTreeMap<&'static str, usize>,
+    /// Members by label key, value and state: `{"country": {"us": {"healthy": 40}}}`.
+    pub labels: BTreeMap<String, BTreeMap<String, BTreeMap<&'static str, usize>>>,
     pub quarantine_cap: QuarantineCap,
     pub incidents: Incidents,
     pub upstreams: Vec<UpstreamView>,
@@ -72,6 +76,8 @@ pub struct Incidents {
 pub struct UpstreamView {
     pub id: String,
     pub scheme: &'static str,
+    /// The member's labels, `{"country": "de", "type": "datacenter"}`.
+    pub labels: BTreeMap<String, String>,
     #[serde(flatten)]
     pub health: Option<UpstreamHealthView>,
     #[serde(flatten)]
@@ -96,12 +102,18 @@ pub async fn collect(gw: &Gateway) -> Status {
             .members
             .into_iter()
             .map(|m| {
-                let scheme = pool
-                    .upstream(&crate::upstream::UpstreamId::new(m.id.as_str()))
-                    .map_or("unknown", |u| u.scheme.as_str());
+                let up = pool.upstream(&crate::upstream::UpstreamId::new(m.id.as_str()));
+                let scheme = up.map_or("unknown", |u| u.scheme.as_str());
+                let labels = up.map_or_else(BTreeMap::new, |u| {
+                    u.labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                });
                 UpstreamView {
                     id: m.id.clone(),
                     scheme,
+                    labels,
                     health: hv
                         .upstreams
                         .remove(&crate::upstream::UpstreamId::new(m.id.as_str())),
@@ -109,6 +121,20 @@ pub async fn collect(gw: &Gateway) -> Status {
                 }
             })
             .collect();
+        let mut by_label: BTreeMap<String, BTreeMap<String, BTreeMap<&'static str, usize>>> =
+            BTreeMap::new();
+        for u in &upstreams {
+            let state = u.health.as_ref().map_or("unknown", |h| h.state);
+            for (k, v) in &u.labels {
+                *by_label
+                    .entry(k.clone())
+                    .or_default()
+                    .entry(v.clone())
+                    .or_default()
+                    .entry(state)
+                    .or_default() += 1;
+            }
+        }
         views.push(PoolView {
             name: pool.name().to_string(),
             default: pool.name() == gw.live.load().default_pool,
@@ -118,6 +144,7 @@ pub async fn collect(gw: &Gateway) -> Status {
             sessions_live: st.sessions_live,
             leases_live: upstreams.iter().map(|u| u.stats.leases_live).sum(),
             counts_by_state: hv.counts_by_state,
+            labels: by_label,
             quarantine_cap: QuarantineCap {
                 limit: hv.quarantine_cap,
                 used: hv.quarantined,

@@ -233,7 +233,10 @@ impl<'de> Deserialize<'de> for FileUpstream {
                 Ok(FileUpstream::Url(s.to_string()))
             }
 
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
                 FileUpstreamTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))
                     .map(FileUpstream::Table)
             }

@@ -69,15 +69,16 @@ impl Validator {
     fn upstream(&mut self, key: &str, entry: &FileUpstream) -> Option<Upstream> {
         let table = match entry {
             FileUpstream::Url(url) => {
-                return Upstream::parse(url)
-                    .map_err(|e| self.problem(key, e))
-                    .ok();
+                return Upstream::parse(url).map_err(|e| self.problem(key, e)).ok();
             }
             FileUpstream::Table(t) => t,
         };
         let url = match &table.name {
             Some(name) if name.is_empty() || name.contains(char::is_whitespace) => {
-                self.problem(&format!("{key}.name"), "a name is non-empty and has no spaces");
+                self.problem(
+                    &format!("{key}.name"),
+                    "a name is non-empty and has no spaces",
+                );
                 return None;
             }
             Some(name) => format!("{}#{name}", table.url.split('#').next().unwrap_or_default()),

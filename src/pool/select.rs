@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::error::ProxyError;
 use crate::outcome::Outcome;
 use crate::pool::Pool;
+use crate::pool::filter::FilterView;
 use crate::pool::lease::Lease;
 use crate::ratelimit::{Blocked, Refusal, Scope};
 use crate::session::SessionKey;
@@ -29,6 +30,8 @@ const PREFERRED_CANDIDATES: usize = 4;
 /// Where a request goes: its pool and, when sticky, its session.
 pub struct Route {
     pub pool: Arc<Pool>,
+    /// The members the request's labels leave, when it asked for a kind of exit.
+    pub filter: Option<Arc<FilterView>>,
     pub session: Option<SessionPlan>,
     /// The target host, for per-target health and rate limits.
     pub target_host: Arc<str>,
@@ -38,6 +41,9 @@ pub struct Route {
 
 pub struct SessionPlan {
     pub key: SessionKey,
+    /// The binding's name in the store: the key, and inside a label filter the filter too
+    /// (`s1|country=us`), so the same key with another filter is another session.
+    pub binding: String,
     pub ttl: Duration,
     /// The gateway minted the key for this request (`X-Pool-Session: create`).
     pub minted: bool,
@@ -95,16 +101,22 @@ pub async fn acquire(
         let preferred;
         // Whether members beyond those offered could still be asked (sessions only).
         let mut more = false;
+        let within = route.filter.as_deref().map(FilterView::subset);
         let want = match &route.session {
-            None => Want::Any { exclude: &exclude },
+            None => Want::Any {
+                exclude: &exclude,
+                within,
+            },
             Some(s) => {
-                preferred = pool.placement.preferred(s.key.as_str(), offer, tried);
+                let ring = route.filter.as_ref().map_or(&pool.placement, |f| &f.ring);
+                preferred = ring.preferred(s.key.as_str(), offer, tried);
                 more = preferred.len() == offer;
                 Want::Session {
-                    key: s.key.as_str(),
+                    key: &s.binding,
                     ttl: s.ttl,
                     preferred: &preferred,
                     rebind: pool.config.rebind_on_failure,
+                    within,
                 }
             }
         };

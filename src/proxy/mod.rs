@@ -166,21 +166,24 @@ pub async fn route_ask(
             return Err(ProxyError::PoolDenied(pool.name().to_string()));
         }
     }
-    let session = match (ask.session, ask.create) {
-        (Some(key), _) => Some(SessionPlan {
-            key,
-            ttl: ask.ttl.unwrap_or(pool.config.session_ttl),
-            minted: false,
-        }),
-        (None, true) => Some(SessionPlan {
-            key: session::mint_key(),
-            ttl: ask.ttl.unwrap_or(pool.config.session_ttl),
-            minted: true,
-        }),
-        (None, false) => None,
+    let filter = pool.filter(&ask.labels)?;
+    let (key, minted) = match (ask.session, ask.create) {
+        (Some(key), _) => (Some(key), false),
+        (None, true) => (Some(session::mint_key()), true),
+        (None, false) => (None, false),
     };
+    let session = key.map(|key| SessionPlan {
+        binding: match &filter {
+            Some(f) => format!("{key}|{}", f.filter),
+            None => key.as_str().to_string(),
+        },
+        key,
+        ttl: ask.ttl.unwrap_or(pool.config.session_ttl),
+        minted,
+    });
     Ok(Route {
         pool,
+        filter,
         session,
         target_host: Arc::from(target.host.as_str()),
         user: user_name,
@@ -243,7 +246,7 @@ where
                         });
                     }
                     gw.store
-                        .unbind(route.pool.name(), s.key.as_str(), &grant.upstream)
+                        .unbind(route.pool.name(), &s.binding, &grant.upstream)
                         .await?;
                 }
                 tried.push(grant.upstream.clone());

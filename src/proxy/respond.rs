@@ -96,6 +96,11 @@ impl ErrorResponse for ProxyError {
                 "no-upstream-available",
                 "destination_unavailable",
             ),
+            NoMatchingUpstream { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no-matching-upstream",
+                "destination_unavailable",
+            ),
             SessionUpstreamUnavailable { cause, .. } => (
                 StatusCode::BAD_GATEWAY,
                 "session-upstream-unavailable",

@@ -7,10 +7,10 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use http::header::PROXY_AUTHORIZATION;
 use http::{HeaderMap, HeaderName};
 
-use super::{HEADER_KEY_FORM, LabelWant, MAX_POOL_NAME_LEN, SessionError, SessionKey};
 use super::username::TARGETING_KEYS;
-use crate::upstream::labels::fold;
+use super::{HEADER_KEY_FORM, LabelWant, MAX_POOL_NAME_LEN, SessionError, SessionKey};
 use super::{is_header_key, is_name, shown};
+use crate::upstream::labels::fold;
 
 /// Headers the gateway reads and must strip before forwarding (lower-case): x-pool-session,
 /// x-pool-name, x-lpm-session, zyte-session-id, x-crawlera-session. (`X-Pool-*` in general is
@@ -255,7 +255,9 @@ mod label_tests {
     #[test]
     fn the_labels_header_is_key_value_pairs_with_alternatives() {
         assert_eq!(labels(&[]).unwrap(), None);
-        let got = labels(&["country=US|ca, Type=residential ,cc2=x-y"]).unwrap().unwrap();
+        let got = labels(&["country=US|ca, Type=residential ,cc2=x-y"])
+            .unwrap()
+            .unwrap();
         assert_eq!(
             got,
             [

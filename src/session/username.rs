@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use super::{MAX_LIFETIME_MINUTES, MAX_POOL_NAME_LEN, MAX_SESSION_KEY_LEN, MAX_TARGETING_LEN};
 use super::{LabelWant, SessionError, SessionKey, is_name, shown};
+use super::{MAX_LIFETIME_MINUTES, MAX_POOL_NAME_LEN, MAX_SESSION_KEY_LEN, MAX_TARGETING_LEN};
 use crate::upstream::labels::fold;
 
 /// What a proxy username carries: `<account>[-<label>-<value>]…`.
@@ -421,7 +421,10 @@ pub(super) mod tests {
     );
 
     const TARGETING: &[TargetingCase] = &[
-        ("acct-country-us-session-a", Ok(("acct", Some("a"), "country=us"))),
+        (
+            "acct-country-us-session-a",
+            Ok(("acct", Some("a"), "country=us")),
+        ),
         (
             "acct-country-US-city-new_york-state-us_ny-asn-7922-type-residential",
             Ok((
@@ -443,13 +446,19 @@ pub(super) mod tests {
             Ok(("acct", None, "city=st.louis state=ca ~zone=x")),
         ),
         // Oxylabs' `cc`, alternatives, and pairs for other gateways (or declared keys).
-        ("acct-cc-US-session-s1", Ok(("acct", Some("s1"), "country=us"))),
+        (
+            "acct-cc-US-session-s1",
+            Ok(("acct", Some("s1"), "country=us")),
+        ),
         (
             "acct-country-us|CA-Tier-Gold|silver-x-a|",
             // `a|` holds an empty alternative: not a label, so skipped like any foreign pair.
             Ok(("acct", None, "country=us|ca ~tier=gold|silver")),
         ),
-        ("acct-country-us-Zone-a-zone-b", Ok(("acct", None, "country=us ~zone=a"))),
+        (
+            "acct-country-us-Zone-a-zone-b",
+            Ok(("acct", None, "country=us ~zone=a")),
+        ),
         ("acct-country-u!s", Err("InvalidValue")),
         ("acct-country-us|", Err("InvalidValue")),
         ("acct-country-|us", Err("InvalidValue")),

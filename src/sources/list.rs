@@ -113,8 +113,16 @@ mod tests {
             ]
         );
         assert_eq!(l.skipped.len(), 2, "{:?}", l.skipped);
-        assert!(l.skipped[0].starts_with("ups.txt line 3:"), "{:?}", l.skipped);
-        assert!(l.skipped[1].starts_with("ups.txt line 4:"), "{:?}", l.skipped);
+        assert!(
+            l.skipped[0].starts_with("ups.txt line 3:"),
+            "{:?}",
+            l.skipped
+        );
+        assert!(
+            l.skipped[1].starts_with("ups.txt line 4:"),
+            "{:?}",
+            l.skipped
+        );
         // A labelled line reads back as itself: other instances get the labels too.
         let again = parse(&l.upstreams[0].to_list_line(), "shared");
         assert_eq!(again.upstreams, l.upstreams[..1]);

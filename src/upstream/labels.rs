@@ -16,7 +16,9 @@ pub const MAX_LABEL_LEN: usize = 64;
 pub enum LabelError {
     #[error("label key `{0}` is invalid: expected 1 to 64 characters of a-z 0-9 _ . -")]
     Key(String),
-    #[error("label `{key}` has invalid value `{value}`: expected 1 to 64 characters of a-z 0-9 _ . -")]
+    #[error(
+        "label `{key}` has invalid value `{value}`: expected 1 to 64 characters of a-z 0-9 _ . -"
+    )]
     Value { key: String, value: String },
     #[error("label `{0}` is given twice")]
     Repeated(String),
@@ -56,7 +58,9 @@ pub struct Labels(Arc<[(String, String)]>);
 
 impl Labels {
     /// Labels from `(key, value)` pairs as written; each is checked and folded.
-    pub fn new<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, LabelError> {
+    pub fn new<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, LabelError> {
         let mut out: Vec<(String, String)> = Vec::new();
         for (k, v) in pairs {
             let key = fold(k).ok_or_else(|| LabelError::Key(shown(k)))?;
@@ -77,7 +81,9 @@ impl Labels {
     pub fn from_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Result<Self, LabelError> {
         let mut pairs = Vec::new();
         for w in words {
-            let (k, v) = w.split_once('=').ok_or_else(|| LabelError::Pair(shown(w)))?;
+            let (k, v) = w
+                .split_once('=')
+                .ok_or_else(|| LabelError::Pair(shown(w)))?;
             pairs.push((k, v));
         }
         Labels::new(pairs)
@@ -211,7 +217,9 @@ mod tests {
             Labels::from_words(["country"]),
             Err(LabelError::Pair(_))
         ));
-        let e = Labels::from_words(["pass:secret@x=1"]).unwrap_err().to_string();
+        let e = Labels::from_words(["pass:secret@x=1"])
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("secret"), "{e}");
     }
 
@@ -219,7 +227,10 @@ mod tests {
     fn a_filter_matches_every_key_with_any_of_its_values() {
         let f = Filter::new(vec![
             ("type".into(), vec!["mobile".into()]),
-            ("country".into(), vec!["us".into(), "ca".into(), "us".into()]),
+            (
+                "country".into(),
+                vec!["us".into(), "ca".into(), "us".into()],
+            ),
         ]);
         assert_eq!(f.to_string(), "country=ca|us,type=mobile");
         let us_mobile = Labels::new([("country", "us"), ("type", "mobile")]).unwrap();
