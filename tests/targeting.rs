@@ -131,10 +131,17 @@ async fn curl(proxy: &str, origin: &Origin, user: &str, tunnel: bool) -> String 
     String::from_utf8_lossy(&out.stdout).to_lowercase()
 }
 
+/// A proxy username, extra headers, and the fakes the requests may (and must all) reach.
+type Case = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static [&'static str],
+);
+
 /// What every store must do with filters: only matching members, alternatives, the header over
 /// the username, declared and foreign keys, no match, and sessions inside a filter.
 async fn filters_choose_only_matching_members(proxy: &str, origin: &Origin, fakes: &Fakes) {
-    let cases: &[(&str, &[(&str, &str)], &[&str])] = &[
+    let cases: &[Case] = &[
         ("acct-country-us", &[], &["us1", "us2", "m1"]),
         ("acct-country-us-type-residential", &[], &["us1", "us2"]),
         ("acct-cc-US-type-residential", &[], &["us1", "us2"]),
@@ -259,8 +266,31 @@ async fn filters_choose_only_matching_members(proxy: &str, origin: &Origin, fake
 async fn filters_on_the_embedded_store() {
     let origin = Origin::start(OriginBehaviour::echo()).await;
     let fakes = Fakes::start().await;
-    let gw = TestGateway::start(&config(&fakes, &origin, "", "")).await;
+    let gw = TestGateway::start(&config(
+        &fakes,
+        &origin,
+        "",
+        "metric_labels = [\"country\"]",
+    ))
+    .await;
     filters_choose_only_matching_members(&gw.proxy.to_string(), &origin, &fakes).await;
+
+    // /metrics splits the upstream gauge by the keys the operator named, and no others.
+    let metrics = gw.metrics().await;
+    for line in [
+        "poolgate_upstreams{pool=\"default\",state=\"healthy\",country=\"us\"} 3",
+        "poolgate_upstreams{pool=\"default\",state=\"healthy\",country=\"de\"} 2",
+        "poolgate_upstreams{pool=\"default\",state=\"healthy\",country=\"ca\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} missing in:\n{metrics}"
+        );
+    }
+    assert!(
+        !metrics.contains("type=\"mobile\""),
+        "only metric_labels keys are labels"
+    );
 
     // /status shows each upstream's labels and, per pool, states by label value.
     let status = gw.status().await;

@@ -43,13 +43,37 @@ impl Metrics {
             let pool = PoolLabel {
                 pool: p.name.clone(),
             };
-            for (state, n) in &p.counts_by_state {
-                self.upstreams_by_state
-                    .get_or_create(&StateLabels {
-                        pool: p.name.clone(),
-                        state: state.to_string(),
-                    })
-                    .set(*n as i64);
+            if p.metric_labels.is_empty() {
+                for (state, n) in &p.counts_by_state {
+                    self.upstreams_by_state
+                        .get_or_create(&StateLabels {
+                            pool: p.name.clone(),
+                            state: state.to_string(),
+                            by: Vec::new(),
+                        })
+                        .set(*n as i64);
+                }
+            } else {
+                // Split by the values of the keys the operator named (bounded by them).
+                let mut counts: std::collections::BTreeMap<StateLabels, i64> = Default::default();
+                for u in &p.upstreams {
+                    let by = p
+                        .metric_labels
+                        .iter()
+                        .map(|k| (k.clone(), u.labels.get(k).cloned().unwrap_or_default()))
+                        .collect();
+                    let state = u.health.as_ref().map_or("unknown", |h| h.state);
+                    *counts
+                        .entry(StateLabels {
+                            pool: p.name.clone(),
+                            state: state.to_string(),
+                            by,
+                        })
+                        .or_default() += 1;
+                }
+                for (labels, n) in counts {
+                    self.upstreams_by_state.get_or_create(&labels).set(n);
+                }
             }
             self.quarantine_limit
                 .get_or_create(&pool)

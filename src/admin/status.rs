@@ -36,6 +36,9 @@ pub struct StoreStatus {
 #[derive(Serialize)]
 pub struct PoolView {
     pub name: String,
+    /// Label keys `/metrics` splits `poolgate_upstreams` by (`metric_labels`).
+    #[serde(skip)]
+    pub metric_labels: Vec<String>,
     pub default: bool,
     pub strategy: &'static str,
     pub max_concurrency: Option<u32>,
@@ -137,6 +140,7 @@ pub async fn collect(gw: &Gateway) -> Status {
         }
         views.push(PoolView {
             name: pool.name().to_string(),
+            metric_labels: pool.config.metric_labels.clone(),
             default: pool.name() == gw.live.load().default_pool,
             strategy: pool.config.strategy.as_str(),
             max_concurrency: pool.config.max_concurrency.map(|n| n.get()),

@@ -193,6 +193,7 @@ pub(super) struct FilePool {
     pub(super) rebind_on_failure: Option<bool>,
     pub(super) inspect_tls: Option<bool>,
     pub(super) inspect_exclude: Option<Vec<String>>,
+    pub(super) metric_labels: Option<Vec<String>>,
     #[serde(default)]
     pub(super) health: FileHealth,
     pub(super) probe: Option<FileProbe>,

@@ -56,6 +56,9 @@ pub struct PoolConfig {
     pub inspect_tls: bool,
     /// Hosts never inspected, matched against the SNI name and the CONNECT host.
     pub inspect_exclude: Vec<HostPattern>,
+    /// Label keys `poolgate_upstreams` is split by in `/metrics` (at most
+    /// [`MAX_METRIC_LABELS`]: each multiplies the series).
+    pub metric_labels: Vec<String>,
     pub health: HealthConfig,
     /// Active probes; `None` leaves health passive (a cool-down's end alone returns an upstream
     /// to half-open).
@@ -63,6 +66,9 @@ pub struct PoolConfig {
     /// `[pools.<name>.rate_limit]`; none set when the table is absent.
     pub rate_limit: RateLimitConfig,
 }
+
+/// Label keys a pool's `metric_labels` may name.
+pub const MAX_METRIC_LABELS: usize = 3;
 
 impl Validator {
     /// One inline upstream: its URL, its `name` (the id, as a URL's `#name`) and its labels.
@@ -204,6 +210,30 @@ impl Validator {
                 }
             })
             .collect();
+        let mut metric_labels: Vec<String> = Vec::new();
+        for (i, k) in p.metric_labels.iter().flatten().enumerate() {
+            match crate::upstream::labels::fold(k) {
+                Some(k) if k == "pool" || k == "state" => self.problem(
+                    &format!("pools.{name}.metric_labels[{i}]"),
+                    "`pool` and `state` are labels of the series already",
+                ),
+                Some(k) if !metric_labels.contains(&k) => metric_labels.push(k),
+                Some(_) => self.problem(
+                    &format!("pools.{name}.metric_labels[{i}]"),
+                    "is listed twice",
+                ),
+                None => self.problem(
+                    &format!("pools.{name}.metric_labels[{i}]"),
+                    "expected a label key: 1 to 64 characters of a-z 0-9 _ . -",
+                ),
+            }
+        }
+        if metric_labels.len() > MAX_METRIC_LABELS {
+            self.problem(
+                &key("metric_labels"),
+                format!("at most {MAX_METRIC_LABELS} keys: each multiplies the series"),
+            );
+        }
         let retries = p.retries.unwrap_or(DEFAULT_RETRIES);
         if retries > MAX_RETRIES {
             self.problem(&key("retries"), format!("must be at most {MAX_RETRIES}"));
@@ -225,6 +255,7 @@ impl Validator {
             rebind_on_failure: p.rebind_on_failure.unwrap_or(false),
             inspect_tls: p.inspect_tls.unwrap_or(false),
             inspect_exclude,
+            metric_labels,
             health: self.health(&format!("pools.{name}.health"), p.health),
             probe: p
                 .probe

@@ -170,3 +170,113 @@ impl LabelIndex {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::upstream::Labels;
+
+    fn member(id: &str, labels: &[(&str, &str)]) -> Upstream {
+        let mut u = Upstream::parse(&format!("http://10.0.0.1:3128#{id}")).unwrap();
+        u.labels = Labels::new(labels.iter().copied()).unwrap();
+        u
+    }
+
+    fn pool(members: &[Upstream]) -> (Vec<UpstreamId>, FastMap<UpstreamId, Arc<Upstream>>) {
+        let ids = members.iter().map(|u| u.id.clone()).collect();
+        let map = members
+            .iter()
+            .map(|u| (u.id.clone(), Arc::new(u.clone())))
+            .collect();
+        (ids, map)
+    }
+
+    fn want(key: &str, values: &[&str], named: bool) -> LabelWant {
+        LabelWant {
+            key: key.into(),
+            values: values.iter().map(|v| v.to_string()).collect(),
+            named,
+        }
+    }
+
+    fn view(
+        members: &[Upstream],
+        wants: &[LabelWant],
+    ) -> Result<Option<Arc<FilterView>>, ProxyError> {
+        let (ids, map) = pool(members);
+        LabelIndex::new(&ids, &map).view("p", wants, &ids, &map)
+    }
+
+    fn first_choices(v: &FilterView, keys: usize) -> Vec<UpstreamId> {
+        (0..keys)
+            .map(|k| v.ring.preferred(&format!("k{k}"), 1, &[])[0].clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_member_with_other_labels_moves_no_session_of_the_filter() {
+        let mut members: Vec<Upstream> = (0..20)
+            .map(|i| member(&format!("us{i}"), &[("country", "us")]))
+            .chain((0..20).map(|i| member(&format!("de{i}"), &[("country", "de")])))
+            .collect();
+        let us = [want("country", &["us"], true)];
+        let before = view(&members, &us).unwrap().unwrap();
+        assert_eq!(before.members.len(), 20);
+        members.push(member("de-new", &[("country", "de")]));
+        members.retain(|u| u.id.as_str() != "de3");
+        let after = view(&members, &us).unwrap().unwrap();
+        assert_eq!(before.id, after.id, "same members, same subset");
+        assert_eq!(first_choices(&before, 2000), first_choices(&after, 2000));
+
+        // A matching member joining takes only its share of the keys, and names a new subset.
+        members.push(member("us-new", &[("country", "us")]));
+        let grown = view(&members, &us).unwrap().unwrap();
+        assert_ne!(before.id, grown.id);
+        let (old, new) = (first_choices(&before, 2000), first_choices(&grown, 2000));
+        let moved = old.iter().zip(&new).filter(|(a, b)| a != b).count();
+        assert!(
+            new.iter()
+                .zip(&old)
+                .all(|(n, o)| n == o || n.as_str() == "us-new")
+        );
+        assert!(moved > 20 && moved < 200, "{moved} of 2000 moved");
+    }
+
+    #[test]
+    fn only_named_or_declared_keys_filter_and_no_match_names_the_filter() {
+        let members = [
+            member("a", &[("country", "us"), ("carrier", "tmo")]),
+            member("b", &[("country", "ca")]),
+        ];
+        // No labels asked, or only keys nobody declares: no filter at all.
+        assert!(view(&members, &[]).unwrap().is_none());
+        assert!(
+            view(&members, &[want("zone", &["x"], false)])
+                .unwrap()
+                .is_none()
+        );
+        // A declared key filters; alternatives widen.
+        let v = view(&members, &[want("carrier", &["tmo"], false)])
+            .unwrap()
+            .unwrap();
+        assert_eq!(v.members, [UpstreamId::new("a")]);
+        let v = view(&members, &[want("country", &["ca", "us"], true)])
+            .unwrap()
+            .unwrap();
+        assert_eq!(v.members.len(), 2);
+        // A targeting name filters even when no member declares it.
+        let e = view(&members, &[want("city", &["paris"], true)]).unwrap_err();
+        assert!(matches!(e, ProxyError::NoMatchingUpstream { .. }));
+        assert!(e.to_string().contains("city=paris"), "{e}");
+        let e = view(
+            &members,
+            &[
+                want("country", &["us"], true),
+                want("carrier", &["att"], false),
+            ],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("carrier=att,country=us"), "{e}");
+    }
+}

@@ -162,6 +162,11 @@ pub async fn acquire(
                 });
             }
             Acquired::NoCandidates if limited.is_some() => {}
+            // Every member of the filter is out of service: as when all are at their cap, the
+            // request waits for one to come back (or a release), then the pool is exhausted.
+            Acquired::NoCandidates if route.filter.is_some() && tried.is_empty() => {
+                at_capacity = true
+            }
             Acquired::NoCandidates => return Err(ProxyError::NoUpstream),
         }
         if at_capacity && waiter.is_none() {

@@ -238,7 +238,10 @@ pub(super) fn header_labels(headers: &HeaderMap) -> Result<Option<Vec<LabelWant>
 mod label_tests {
     use super::*;
 
-    fn labels(values: &[&str]) -> Result<Option<Vec<(String, String, bool)>>, SessionError> {
+    /// (key, values joined by `|`, named) for each label asked for.
+    type Read = Vec<(String, String, bool)>;
+
+    fn labels(values: &[&str]) -> Result<Option<Read>, SessionError> {
         let mut h = HeaderMap::new();
         for v in values {
             h.append(&LABELS_HEADER, http::HeaderValue::from_str(v).unwrap());
