@@ -408,3 +408,65 @@ async fn caps_hold_inside_a_filter_across_two_instances() {
         16
     );
 }
+
+/// A provider's backconnect gateway as one member: its username's `{session}` and `{country}`
+/// are filled per request, the same session giving the same value on HTTP and CONNECT alike, and
+/// neither the template nor a filled value reaches `/status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_upstream_gets_its_username_filled_per_session() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let provider = FakeProxy::start(FakeProxyOpts::default()).await;
+    let url = format!(
+        "http://customer-acme-session-{{session}}-country-{{country}}:s3cret@{}#provider",
+        provider.addr()
+    );
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+         [pools.default]\nupstreams = [{{ url = \"{url}\", labels = {{ country = \"us\", type = \"residential\" }} }}]\n",
+        origin.port()
+    ))
+    .await;
+    let proxy = gw.proxy.to_string();
+    let logins = |provider: &FakeProxy| -> Vec<String> {
+        let seen = provider.auth_seen();
+        provider.clear();
+        seen
+    };
+    gets(&proxy, &origin, "acct-session-s1", &[], 3).await;
+    for tunnel in [true, false] {
+        assert!(
+            curl(&proxy, &origin, "acct-session-s1", tunnel)
+                .await
+                .contains(" 200")
+        );
+    }
+    let s1 = logins(&provider);
+    assert_eq!(s1.len(), 5, "{s1:?}");
+    let first = &s1[0];
+    assert!(s1.iter().all(|l| l == first), "{s1:?}");
+    let user = first.strip_suffix(":s3cret").unwrap();
+    let id = user
+        .strip_prefix("customer-acme-session-")
+        .and_then(|r| r.strip_suffix("-country-us"))
+        .unwrap_or_else(|| panic!("{user}"));
+    assert_eq!(id.len(), 32);
+    assert!(id.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
+
+    // Another session, another filter (a new session even with the same key), no session at all.
+    gets(&proxy, &origin, "acct-session-s2", &[], 1).await;
+    gets(&proxy, &origin, "acct-session-s1-type-residential", &[], 1).await;
+    gets(&proxy, &origin, "acct", &[], 2).await;
+    let others = logins(&provider);
+    assert_eq!(others.len(), 4, "{others:?}");
+    let distinct: BTreeSet<&String> = others.iter().chain([first]).collect();
+    assert_eq!(
+        distinct.len(),
+        5,
+        "every request without a shared session differs: {others:?}"
+    );
+
+    let status = gw.status().await.to_string();
+    for secret in ["s3cret", "customer-acme", id] {
+        assert!(!status.contains(secret), "{secret} in /status");
+    }
+}

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
+use xxhash_rust::xxh3::xxh3_128;
 
 use crate::error::ProxyError;
 use crate::outcome::Outcome;
@@ -19,7 +20,7 @@ use crate::ratelimit::{Blocked, Refusal, Scope};
 use crate::session::SessionKey;
 use crate::state::Gateway;
 use crate::store::{Acquired, Grant, Store, Want};
-use crate::upstream::UpstreamId;
+use crate::upstream::{Upstream, UpstreamId};
 
 /// How many members of a session's consistent-hash order are offered to the store at first; the
 /// store binds the first one in service and below its cap. When none of them is, the offer grows
@@ -37,6 +38,35 @@ pub struct Route {
     pub target_host: Arc<str>,
     /// The authenticated client user, for the per-user rate limit.
     pub user: Option<Arc<str>>,
+}
+
+impl Route {
+    /// What a provider upstream's `{name}` placeholder holds for this request: `{session}` a
+    /// stable id of the session (32 hex characters, the same on every instance, a fresh random
+    /// one per request without a session); `{<label>}` the request's value for it when it asked
+    /// for one, else the member's own label, else the first of the request's alternatives.
+    pub fn placeholder(&self, upstream: &Upstream, name: &str) -> Option<String> {
+        if name == "session" {
+            let id = match &self.session {
+                Some(s) => xxh3_128(format!("{}\n{}", self.pool.name(), s.binding).as_bytes()),
+                None => rand::random::<u128>(),
+            };
+            return Some(format!("{id:032x}"));
+        }
+        let asked = self
+            .filter
+            .as_ref()
+            .and_then(|f| f.filter.pairs().iter().find(|(k, _)| k == name))
+            .map(|(_, values)| values.as_slice());
+        match asked {
+            Some([one]) => Some(one.clone()),
+            _ => upstream
+                .labels
+                .get(name)
+                .map(str::to_string)
+                .or_else(|| asked.and_then(|v| v.first().cloned())),
+        }
+    }
 }
 
 pub struct SessionPlan {

@@ -207,15 +207,19 @@ where
     let mut tried: Vec<UpstreamId> = Vec::new();
     let mut last: Option<(UpstreamId, ConnectError)> = None;
     for _ in 0..=route.pool.config.retries {
-        let lease = match select::acquire(gw, route, &tried).await {
+        let mut lease = match select::acquire(gw, route, &tried).await {
             Ok(lease) => lease,
             Err(ProxyError::NoUpstream) if last.is_some() => break,
             Err(e) => return Err(e),
         };
-        let (Some(upstream), Some(grant)) = (lease.upstream().cloned(), lease.grant().cloned())
+        let (Some(mut upstream), Some(grant)) = (lease.upstream().cloned(), lease.grant().cloned())
         else {
             return Err(ProxyError::NoUpstream);
         };
+        if upstream.templated {
+            upstream = Arc::new(upstream.filled(&|name| route.placeholder(&upstream, name)));
+            lease.use_upstream(upstream.clone());
+        }
         match connect(upstream).await {
             Ok(conn) => return Ok((lease, conn)),
             Err(ConnectError::TargetDenied { target }) => {

@@ -120,6 +120,9 @@ pub struct Upstream {
     pub id_header: Option<http::HeaderValue>,
     /// What kind of exit it is (`country=de type=datacenter`), for requests that ask for one.
     pub labels: Labels,
+    /// Its credentials hold `{placeholders}` (a provider's backconnect gateway): each request
+    /// connects with them filled in ([`Upstream::filled`]).
+    pub templated: bool,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -183,6 +186,7 @@ impl Upstream {
                 bind,
                 credentials: None,
                 labels: Labels::default(),
+                templated: false,
             });
         }
         if rest.contains('/') || rest.contains('?') {
@@ -220,13 +224,51 @@ impl Upstream {
             port,
             addr,
             bind: None,
+            templated: credentials
+                .as_ref()
+                .is_some_and(|c| has_placeholder(&c.username) || has_placeholder(&c.password)),
             credentials,
             labels: Labels::default(),
         })
     }
 }
 
+/// Whether `s` holds a `{name}` placeholder.
+fn has_placeholder(s: &str) -> bool {
+    s.find('{').is_some_and(|open| s[open..].contains('}'))
+}
+
+/// `s` with every `{name}` replaced by `value(name)` (nothing when it has none). Text that is not
+/// a whole placeholder (a lone brace) stays as it is.
+fn fill(s: &str, value: &dyn Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        let name = &rest[open + 1..open + close];
+        out.push_str(&value(name).unwrap_or_default());
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 impl Upstream {
+    /// This upstream with its credentials' `{name}` placeholders filled by `value` (`{session}`,
+    /// `{country}`, any label); a placeholder with no value becomes empty. The id stays: health
+    /// and blame are per member, whatever each request's credentials.
+    pub fn filled(&self, value: &dyn Fn(&str) -> Option<String>) -> Upstream {
+        let mut up = self.clone();
+        if let Some(c) = &mut up.credentials {
+            c.username = fill(&c.username, value);
+            c.password = fill(&c.password, value);
+        }
+        up
+    }
+
     /// The upstream as a line of an upstream list, its URL and then its labels: what
     /// [`crate::sources::list::parse`] reads back. Holds the credentials, so never for logs.
     pub fn to_list_line(&self) -> String {
