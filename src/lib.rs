@@ -9,7 +9,8 @@
 //! `docs/architecture.md` and `tests/architecture.rs` holds the code to it. Bottom up:
 //! - foundation: [`body`], [`outcome`] (what happened to an exchange), [`target`] (canonical
 //!   hosts), [`upstream`] (URLs and ids), [`session`] (header and username grammar),
-//!   [`intercept`] (the interception CA and leaf certificates), [`limits`], [`per_thread`],
+//!   [`intercept`] (the interception CA and leaf certificates), [`socks5`] (the SOCKS5
+//!   handshake's wire format), [`limits`], [`per_thread`],
 //!   [`password`], [`store_url`], [`fast_map`], [`shutdown`].
 //! - [`config`]: the TOML file → a validated [`config::Config`].
 //! - domain: [`upstream::connect`] (http/https/socks5/direct), [`upstream::reuse`] (keep-alive),
@@ -68,6 +69,7 @@ pub mod reload;
 pub mod server;
 pub mod session;
 pub mod shutdown;
+pub mod socks5;
 pub mod sources;
 pub mod state;
 pub mod store;
