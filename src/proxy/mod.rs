@@ -20,7 +20,7 @@ use std::sync::Arc;
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::accounting::{End, Ticket};
+use crate::accounting::{Door, End, Ticket};
 use crate::admit;
 use crate::auth::AuthFailure;
 use crate::error::ProxyError;
@@ -55,7 +55,7 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Guarded<Body, Ticket>> {
-    let ticket = gw.counters.accept();
+    let ticket = gw.counters.accept(Door::Http);
     let connect = req.method() == Method::CONNECT;
     let result = if let Err(e) = framing::check_request(&req) {
         Err(e)
