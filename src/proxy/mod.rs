@@ -14,7 +14,7 @@ pub mod respond;
 pub mod tunnel;
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::{HeaderMap, Method, Request, Response};
@@ -23,6 +23,7 @@ use hyper::body::Incoming;
 use crate::accounting::{Door, End, Ticket};
 use crate::admit;
 use crate::auth::AuthFailure;
+use crate::config::{AuthConfig, UserConfig};
 use crate::error::ProxyError;
 use crate::limits::Guarded;
 use crate::outcome::Outcome;
@@ -131,24 +132,14 @@ pub async fn route_ask(
         .required()
         .then(|| ask.user.as_deref().map(Arc::from))
         .flatten();
-    let user = if live.auth.required() {
-        let user = gw
-            .auth
-            .authenticate(
-                &live.auth,
-                peer.ip(),
-                ask.user.as_deref(),
-                ask.password.as_deref(),
-            )
-            .await
-            .map_err(|e| match e {
-                AuthFailure::LockedOut { retry_after } => ProxyError::AuthLockedOut { retry_after },
-                AuthFailure::Missing | AuthFailure::Invalid => ProxyError::AuthRequired,
-            })?;
-        Some(user)
-    } else {
-        None
-    };
+    let user = login(
+        gw,
+        &live.auth,
+        peer.ip(),
+        ask.user.as_deref(),
+        ask.password.as_deref(),
+    )
+    .await?;
     gw.policy.load().check(target, connect)?;
     let pools: Arc<PoolSet> = gw.pools.load_full();
     let allowed = user.and_then(|u| u.pools.as_ref());
@@ -185,6 +176,32 @@ pub async fn route_ask(
         target_host: Arc::from(target.host.as_str()),
         user: user_name,
     })
+}
+
+/// Checks a client's proxy login when users are configured, the login back-off's lockout
+/// included: the user logged in, or `None` when no users are configured (anyone may use the
+/// proxy, within `client_cidrs`). [`route_ask`] calls it; a front door whose protocol answers the
+/// login before the request (SOCKS5) calls it first, and [`route_ask`]'s own check then finds the
+/// login remembered.
+pub async fn login<'a>(
+    gw: &Gateway,
+    auth: &'a AuthConfig,
+    client: IpAddr,
+    user: Option<&str>,
+    password: Option<&str>,
+) -> Result<Option<&'a UserConfig>, ProxyError> {
+    if !auth.required() {
+        return Ok(None);
+    }
+    let user = gw
+        .auth
+        .authenticate(auth, client, user, password)
+        .await
+        .map_err(|e| match e {
+            AuthFailure::LockedOut { retry_after } => ProxyError::AuthLockedOut { retry_after },
+            AuthFailure::Missing | AuthFailure::Invalid => ProxyError::AuthRequired,
+        })?;
+    Ok(Some(user))
 }
 
 /// Leases an upstream and connects through it, trying further upstreams when connecting fails
