@@ -118,6 +118,8 @@ pub enum StartError {
 /// A started gateway.
 pub struct Running {
     pub proxy_addr: SocketAddr,
+    /// The SOCKS5 port, when `server.socks_listen` is set.
+    pub socks_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     gw: Arc<Gateway>,
     listeners: tokio::task::JoinSet<()>,
@@ -187,9 +189,19 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         ProxyListener::Workers(ls) => ls[0].local_addr().map_err(listen_failed)?,
     };
     let admin_addr = local_addr("server.admin_listen", &admin_listener)?;
+    let socks_listener = match server.socks_listen {
+        Some(addr) => Some(bind("server.socks_listen", addr).await?),
+        None => None,
+    };
+    let socks_addr = match &socks_listener {
+        Some(l) => Some(local_addr("server.socks_listen", l)?),
+        None => None,
+    };
+    // The gateway's own listeners are never a target.
+    let own = [Some(proxy_addr), Some(admin_addr), socks_addr];
     let policy = Arc::new(ArcSwap::from_pointee(TargetPolicy::new(
         config.policy.clone(),
-        vec![proxy_addr, admin_addr],
+        own.into_iter().flatten().collect(),
     )));
     let guard_policy = policy.clone();
     let mut connector = Connector::new(
@@ -256,6 +268,15 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             Some(workers)
         }
     };
+    if let Some(listener) = socks_listener {
+        // On this runtime, not the proxy port's worker threads: a SOCKS5 connection is a tunnel,
+        // whose bytes are copied socket to socket wherever it runs.
+        listeners.spawn(server::serve_streams(
+            gw.clone(),
+            listener,
+            proxy::socks::handle,
+        ));
+    }
     listeners.spawn(server::serve(
         gw.clone(),
         admin_listener,
@@ -292,6 +313,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     });
     tracing::info!(
         proxy = %proxy_addr,
+        socks = socks_addr.map(|a| a.to_string()).as_deref().unwrap_or("off"),
         admin = %admin_addr,
         store = gw.store.kind(),
         proxy_threads = options.proxy_threads,
@@ -301,6 +323,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     );
     Ok(Running {
         proxy_addr,
+        socks_addr,
         admin_addr,
         gw,
         listeners,

@@ -89,6 +89,9 @@ fn fixed_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     if a.admin_listen != b.admin_listen {
         changed.push("server.admin_listen");
     }
+    if a.socks_listen != b.socks_listen {
+        changed.push("server.socks_listen");
+    }
     if running.store != new.store {
         changed.push("store");
     }

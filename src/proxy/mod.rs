@@ -3,6 +3,8 @@
 //! `handle` is the service hyper calls for every request on the proxy port. It sends absolute-form
 //! requests to [`forward`] and CONNECT to [`tunnel`]; both share the steps here: admit the target,
 //! read the session, pick the pool ([`route`]), then lease and connect with retry ([`open`]).
+//! The SOCKS5 port's connections go to [`socks`], which routes with [`route_ask`] from the login
+//! it read and carries its tunnels as [`tunnel`] does.
 
 pub mod forward;
 pub mod framing;
@@ -11,6 +13,7 @@ pub mod inspect;
 pub mod observe;
 pub mod pipe;
 pub mod respond;
+pub mod socks;
 pub mod tunnel;
 
 use std::future::Future;
