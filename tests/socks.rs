@@ -634,3 +634,71 @@ async fn two_instances_on_one_redis_share_a_cap_for_socks_and_http_clients() {
     }
     assert!(up.peak_in_flight() <= 1, "{}", up.peak_in_flight());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_tls_pools_inspect_socks_tunnels_as_connect_tunnels() {
+    let origin_ca = common::TestCa::new();
+    let origin = Origin::start_tls(OriginBehaviour::fixed("seen-inside"), &origin_ca).await;
+    let up = FakeProxy::start(FakeProxyOpts::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, ca_key, origin_ca_file) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("ca-key.pem"),
+        dir.path().join("origin-ca.pem"),
+    );
+    poolgate::intercept::ca::write_new(&ca, &ca_key, "poolgate test interception CA", false)
+        .unwrap();
+    std::fs::write(&origin_ca_file, origin_ca.cert_pem()).unwrap();
+    let gw = TestGateway::start_with(
+        "socks_listen = \"127.0.0.1:0\"\n",
+        &format!(
+            "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+             [intercept]\nca_cert = {ca:?}\nca_key = {ca_key:?}\norigin_ca_file = {origin_ca_file:?}\n\
+             [pools.default]\nupstreams = [{:?}]\ninspect_tls = true\n",
+            origin.port(),
+            up.url()
+        ),
+    )
+    .await;
+    // curl trusts only the interception CA: the answer can only come from the gateway's TLS.
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(&ca)
+        .arg("--socks5-hostname")
+        .arg(gw.socks().to_string())
+        .arg(origin.url("/inside"))
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "seen-inside");
+    let status = eventually(&gw, "the tunnel to end", |s| s["tunnels"]["open"] == 0).await;
+    let i = &status["intercept"];
+    assert_eq!(i["tunnels_inspected"], 1, "{status}");
+    assert_eq!(i["requests"], 1, "{status}");
+    assert_eq!(status["requests"]["by_door"]["socks5"], 1, "{status}");
+    assert_eq!(up.connects(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_outside_client_cidrs_are_closed_before_a_byte_is_read() {
+    let up = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = gateway(
+        &[&up],
+        80,
+        false,
+        "[auth]\nclient_cidrs = [\"10.0.0.0/8\"]\n",
+    )
+    .await;
+    let mut s = TcpStream::connect(gw.socks()).await.unwrap();
+    // The greeting may or may not be taken before the close; nothing is answered.
+    let _ = s.write_all(&[5, 1, 0]).await;
+    assert_eq!(closed(&mut s).await, Vec::<u8>::new());
+    assert_eq!(up.connections(), 0);
+    assert_eq!(gw.status().await["socks5"]["handshakes_failed"], 1);
+}
