@@ -32,9 +32,12 @@ use crate::accounting::{Door, End};
 use crate::admit;
 use crate::error::ProxyError;
 use crate::limits::ConnSlot;
+use crate::outcome::Outcome;
+use crate::pool::lease::Lease;
+use crate::pool::select::Route;
+use crate::proxy;
 use crate::proxy::respond::{self, ErrorResponse};
 use crate::proxy::tunnel::Carry;
-use crate::proxy::{self};
 use crate::session::{self, SessionRequest};
 use crate::socks5::{self, Command, HandshakeError, Method, Parse, Refusal, Reply};
 use crate::state::Gateway;
@@ -61,7 +64,7 @@ pub async fn handle(gw: Arc<Gateway>, mut stream: TcpStream, peer: SocketAddr, s
                 if let Refusal::Request(reply) = refusal {
                     gw.counters.socks5_reply(reply);
                 }
-                let _ = stream.write_all(&refusal.bytes()).await;
+                let _ = write(&mut stream, &refusal.bytes(), reply_deadline(&gw)).await;
             }
             return;
         }
@@ -97,14 +100,20 @@ pub async fn handle(gw: Arc<Gateway>, mut stream: TcpStream, peer: SocketAddr, s
             }
             gw.counters.socks5_reply(reply);
             ticket.finish(end);
-            let _ = stream.write_all(&socks5::reply(reply)).await;
+            let _ = write(&mut stream, &socks5::reply(reply), reply_deadline(&gw)).await;
             return;
         }
     };
     let carry = Carry::plan(&gw, Door::Socks5, &route, target);
-    if let Err(e) = stream.write_all(&socks5::reply(Reply::Succeeded)).await {
+    let replied = write(
+        &mut stream,
+        &socks5::reply(Reply::Succeeded),
+        reply_deadline(&gw),
+    )
+    .await;
+    if let Err(e) = replied {
         tracing::debug!(peer = %peer, error = %e, "socks5 client gone before the reply");
-        lease.finish(crate::outcome::Outcome::Cancelled);
+        lease.finish(Outcome::Cancelled);
         ticket.finish(End::Failed);
         return;
     }
@@ -128,12 +137,8 @@ enum Answer {
     Error(ProxyError),
 }
 
-type Opened = (
-    crate::pool::select::Route,
-    Target,
-    crate::pool::lease::Lease,
-    BoxIo,
-);
+/// A routed and opened CONNECT: its route, target, lease and upstream connection.
+type Opened = (Route, Target, Lease, BoxIo);
 
 /// Routes and opens a CONNECT as an HTTP CONNECT is: [`proxy::route_ask`], then [`proxy::open`]
 /// with the connector's tunnel.
@@ -251,6 +256,11 @@ async fn read<T>(
             Ok(Ok(_)) => {}
         }
     }
+}
+
+/// How long a reply may take to send: a client that does not read its reply holds nothing.
+fn reply_deadline(gw: &Gateway) -> Instant {
+    Instant::now() + gw.live.load().server.header_read_timeout
 }
 
 async fn write(
