@@ -189,13 +189,30 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         ProxyListener::Workers(ls) => ls[0].local_addr().map_err(listen_failed)?,
     };
     let admin_addr = local_addr("server.admin_listen", &admin_listener)?;
+    // The SOCKS5 port is served where the proxy port is: on this runtime, or by the workers.
     let socks_listener = match server.socks_listen {
-        Some(addr) => Some(bind("server.socks_listen", addr).await?),
         None => None,
+        Some(addr) if options.proxy_threads == 0 => Some(ProxyListener::Here(
+            bind("server.socks_listen", addr).await?,
+        )),
+        Some(addr) => Some(ProxyListener::Workers(
+            workers::bind(addr, options.proxy_threads).map_err(|source| StartError::Bind {
+                key: "server.socks_listen",
+                addr,
+                source,
+            })?,
+        )),
     };
     let socks_addr = match &socks_listener {
-        Some(l) => Some(local_addr("server.socks_listen", l)?),
         None => None,
+        Some(ProxyListener::Here(l)) => Some(local_addr("server.socks_listen", l)?),
+        Some(ProxyListener::Workers(ls)) => {
+            Some(ls[0].local_addr().map_err(|source| StartError::Bind {
+                key: "server.socks_listen",
+                addr: server.socks_listen.unwrap_or(server.listen),
+                source,
+            })?)
+        }
     };
     // The gateway's own listeners are never a target.
     let own = [Some(proxy_addr), Some(admin_addr), socks_addr];
@@ -250,6 +267,18 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     });
 
     let mut listeners = tokio::task::JoinSet::new();
+    let (socks_here, socks_workers) = match socks_listener {
+        Some(ProxyListener::Here(l)) => (Some(l), Vec::new()),
+        Some(ProxyListener::Workers(ls)) => (None, ls),
+        None => (None, Vec::new()),
+    };
+    if let Some(listener) = socks_here {
+        listeners.spawn(server::serve_streams(
+            gw.clone(),
+            listener,
+            proxy::socks::handle,
+        ));
+    }
     let workers = match proxy_listener {
         ProxyListener::Here(listener) => {
             listeners.spawn(server::serve(
@@ -261,22 +290,13 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             None
         }
         ProxyListener::Workers(sockets) => {
-            let (workers, stopped) = workers::start(&gw, sockets)
+            let (workers, stopped) = workers::start(&gw, sockets, socks_workers)
                 .await
                 .map_err(StartError::Workers)?;
             listeners.spawn(stopped);
             Some(workers)
         }
     };
-    if let Some(listener) = socks_listener {
-        // On this runtime, not the proxy port's worker threads: a SOCKS5 connection is a tunnel,
-        // whose bytes are copied socket to socket wherever it runs.
-        listeners.spawn(server::serve_streams(
-            gw.clone(),
-            listener,
-            proxy::socks::handle,
-        ));
-    }
     listeners.spawn(server::serve(
         gw.clone(),
         admin_listener,
@@ -331,7 +351,8 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     })
 }
 
-/// The proxy port: served on the caller's runtime, or by worker threads with a socket each.
+/// A proxy port (HTTP or SOCKS5): served on the caller's runtime, or by worker threads with a
+/// socket each.
 enum ProxyListener {
     Here(TcpListener),
     Workers(Vec<std::net::TcpListener>),

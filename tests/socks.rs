@@ -702,3 +702,44 @@ async fn clients_outside_client_cidrs_are_closed_before_a_byte_is_read() {
     assert_eq!(up.connections(), 0);
     assert_eq!(gw.status().await["socks5"]["handshakes_failed"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_serve_the_socks_port_and_drain_cleanly() {
+    let origin = Origin::start(OriginBehaviour::fixed("from-a-worker")).await;
+    let up = FakeProxy::start(FakeProxyOpts::default()).await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         socks_listen = \"127.0.0.1:0\"\n\
+         [policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+         [pools.default]\nupstreams = [{:?}]\n",
+        origin.port(),
+        up.url()
+    );
+    let options = poolgate::app::StartOptions {
+        proxy_threads: 2,
+        ..Default::default()
+    };
+    let gw = TestGateway::start_text_with(&text, options).await;
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let socks = gw.socks();
+        let port = origin.port();
+        let authority = origin.authority();
+        clients.spawn(async move {
+            let (code, mut s) = request(socks, None, &connect_v4(port)).await;
+            assert_eq!(code, 0);
+            let req = format!("GET / HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            String::from_utf8_lossy(&closed(&mut s).await).into_owned()
+        });
+    }
+    while let Some(text) = clients.join_next().await {
+        assert!(text.unwrap().ends_with("from-a-worker"));
+    }
+    assert_eq!(up.connects(), 8);
+    let status = eventually(&gw, "the tunnels to end", |s| s["tunnels"]["open"] == 0).await;
+    assert_eq!(status["tunnels"]["by_door"]["socks5"], 8, "{status}");
+    let (drained, leases) = gw.shutdown_counting_leases().await;
+    assert_eq!(drained, poolgate::app::Drained::Clean);
+    assert_eq!(leases, 0);
+}
