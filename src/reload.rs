@@ -270,6 +270,11 @@ mod tests {
             a.server.workers + 1
         ));
         assert_eq!(fixed_changes(&a, &d), vec!["server.workers"]);
+        // Turning the SOCKS5 port on (or moving it) needs a restart.
+        let e = parse(
+            "[server]\nsocks_listen = \"127.0.0.1:1080\"\n[pools.default]\nupstreams = [\"direct://\"]\n",
+        );
+        assert_eq!(fixed_changes(&a, &e), vec!["server.socks_listen"]);
     }
 
     #[test]
