@@ -227,8 +227,25 @@ const TABLE: &[(&str, Want)] = &[
         "requests.forwarded",
         Series(&[("poolgate_requests_forwarded_total", &[])]),
     ),
+    (
+        "requests.by_door.*",
+        Keyed("poolgate_requests_accepted_total", "door"),
+    ),
     ("tunnels.open", Series(&[("poolgate_tunnels_open", &[])])),
     ("tunnels.total", Series(&[("poolgate_tunnels_total", &[])])),
+    ("tunnels.by_door.*", Keyed("poolgate_tunnels_total", "door")),
+    (
+        "tunnels.open_by_door.*",
+        Keyed("poolgate_tunnels_open", "door"),
+    ),
+    (
+        "socks5.replies.*",
+        Keyed("poolgate_socks5_replies_total", "reply"),
+    ),
+    (
+        "socks5.handshakes_failed",
+        Series(&[("poolgate_socks5_handshakes_failed_total", &[])]),
+    ),
     (
         "connections.open",
         Series(&[("poolgate_connections_open", &[])]),

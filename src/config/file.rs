@@ -76,6 +76,7 @@ pub(super) struct FileHealth {
 #[serde(deny_unknown_fields)]
 pub(super) struct FileServer {
     pub(super) listen: Option<String>,
+    pub(super) socks_listen: Option<String>,
     pub(super) admin_listen: Option<String>,
     pub(super) admin_token: Option<String>,
     pub(super) admin_read_token: Option<String>,

@@ -3,6 +3,8 @@
 //! `handle` is the service hyper calls for every request on the proxy port. It sends absolute-form
 //! requests to [`forward`] and CONNECT to [`tunnel`]; both share the steps here: admit the target,
 //! read the session, pick the pool ([`route`]), then lease and connect with retry ([`open`]).
+//! The SOCKS5 port's connections go to [`socks`], which routes with [`route_ask`] from the login
+//! it read and carries its tunnels as [`tunnel`] does.
 
 pub mod forward;
 pub mod framing;
@@ -11,18 +13,20 @@ pub mod inspect;
 pub mod observe;
 pub mod pipe;
 pub mod respond;
+pub mod socks;
 pub mod tunnel;
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::accounting::{End, Ticket};
+use crate::accounting::{Door, End, Ticket};
 use crate::admit;
 use crate::auth::AuthFailure;
+use crate::config::{AuthConfig, UserConfig};
 use crate::error::ProxyError;
 use crate::limits::Guarded;
 use crate::outcome::Outcome;
@@ -55,7 +59,7 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Guarded<Body, Ticket>> {
-    let ticket = gw.counters.accept();
+    let ticket = gw.counters.accept(Door::Http);
     let connect = req.method() == Method::CONNECT;
     let result = if let Err(e) = framing::check_request(&req) {
         Err(e)
@@ -131,24 +135,14 @@ pub async fn route_ask(
         .required()
         .then(|| ask.user.as_deref().map(Arc::from))
         .flatten();
-    let user = if live.auth.required() {
-        let user = gw
-            .auth
-            .authenticate(
-                &live.auth,
-                peer.ip(),
-                ask.user.as_deref(),
-                ask.password.as_deref(),
-            )
-            .await
-            .map_err(|e| match e {
-                AuthFailure::LockedOut { retry_after } => ProxyError::AuthLockedOut { retry_after },
-                AuthFailure::Missing | AuthFailure::Invalid => ProxyError::AuthRequired,
-            })?;
-        Some(user)
-    } else {
-        None
-    };
+    let user = login(
+        gw,
+        &live.auth,
+        peer.ip(),
+        ask.user.as_deref(),
+        ask.password.as_deref(),
+    )
+    .await?;
     gw.policy.load().check(target, connect)?;
     let pools: Arc<PoolSet> = gw.pools.load_full();
     let allowed = user.and_then(|u| u.pools.as_ref());
@@ -188,6 +182,32 @@ pub async fn route_ask(
         target_host: Arc::from(target.host.as_str()),
         user: user_name,
     })
+}
+
+/// Checks a client's proxy login when users are configured, the login back-off's lockout
+/// included: the user logged in, or `None` when no users are configured (anyone may use the
+/// proxy, within `client_cidrs`). [`route_ask`] calls it; a front door whose protocol answers the
+/// login before the request (SOCKS5) calls it first, and [`route_ask`]'s own check then finds the
+/// login remembered.
+pub async fn login<'a>(
+    gw: &Gateway,
+    auth: &'a AuthConfig,
+    client: IpAddr,
+    user: Option<&str>,
+    password: Option<&str>,
+) -> Result<Option<&'a UserConfig>, ProxyError> {
+    if !auth.required() {
+        return Ok(None);
+    }
+    let user = gw
+        .auth
+        .authenticate(auth, client, user, password)
+        .await
+        .map_err(|e| match e {
+            AuthFailure::LockedOut { retry_after } => ProxyError::AuthLockedOut { retry_after },
+            AuthFailure::Missing | AuthFailure::Invalid => ProxyError::AuthRequired,
+        })?;
+    Ok(Some(user))
 }
 
 /// Leases an upstream and connects through it, trying further upstreams when connecting fails

@@ -294,6 +294,17 @@ pub fn from_credentials(username: &str, password: String) -> Result<SessionReque
     })
 }
 
+/// What a proxy login asks for where nothing else can add to it (a SOCKS5 login: no headers):
+/// [`from_credentials`], and a lifetime without a session is an error, as it is on HTTP when no
+/// header supplies the session.
+pub fn from_login(username: &str, password: String) -> Result<SessionRequest, SessionError> {
+    let req = from_credentials(username, password)?;
+    if req.ttl.is_some() && req.session.is_none() && !req.create {
+        return Err(SessionError::LifetimeWithoutSession);
+    }
+    Ok(req)
+}
+
 /// A fresh random key for `X-Pool-Session: create`: 32 hex characters (128 bits), so keys minted
 /// by any number of instances never collide in practice, and valid in both header and username.
 pub fn mint_key() -> SessionKey {
