@@ -744,3 +744,45 @@ async fn worker_threads_serve_the_socks_port_and_drain_cleanly() {
     assert_eq!(drained, poolgate::app::Drained::Clean);
     assert_eq!(leases, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn username_labels_select_exits_over_socks_as_over_http() {
+    let origin = Origin::start(OriginBehaviour::fixed("labelled")).await;
+    let us = FakeProxy::start(FakeProxyOpts::default()).await;
+    let de = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start_with(
+        "socks_listen = \"127.0.0.1:0\"\n",
+        &format!(
+            "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+             [auth.users.user]\npassword_hash = \"{}\"\n\
+             [pools.default]\nupstreams = [\
+             {{ url = {:?}, name = \"us1\", labels = {{ country = \"us\" }} }}, \
+             {{ url = {:?}, name = \"de1\", labels = {{ country = \"de\" }} }}]\n",
+            origin.port(),
+            hash("pw"),
+            us.url(),
+            de.url()
+        ),
+    )
+    .await;
+    for _ in 0..3 {
+        let (code, s) = request(
+            gw.socks(),
+            Some(("user-country-de", "pw")),
+            &connect_v4(origin.port()),
+        )
+        .await;
+        assert_eq!(code, 0);
+        assert!(get_over(s, &origin, "/").await.ends_with("labelled"));
+    }
+    assert_eq!((us.connects(), de.connects()), (0, 3));
+    // No member matches: the HTTP port's 503 no-matching-upstream is 01 here.
+    let (code, _) = request(
+        gw.socks(),
+        Some(("user-country-fr", "pw")),
+        &connect_v4(origin.port()),
+    )
+    .await;
+    assert_eq!(code, 1);
+    assert_eq!((us.connects(), de.connects()), (0, 3));
+}

@@ -225,6 +225,7 @@ pub fn socks_reply(e: &ProxyError) -> Reply {
         | PoolExhausted
         | RateLimited { .. }
         | NoUpstream
+        | NoMatchingUpstream { .. }
         | UpstreamProtocol { .. }
         | UpstreamBadResponse { .. }
         | OriginTls { .. }
