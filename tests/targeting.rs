@@ -470,3 +470,82 @@ async fn a_provider_upstream_gets_its_username_filled_per_session() {
         assert!(!status.contains(secret), "{secret} in /status");
     }
 }
+
+/// Python requests, configured only with a proxy URL that carries the username tokens: plain
+/// HTTP and HTTPS (a CONNECT tunnel) both leave through the filter's members only, and a session
+/// inside the filter stays on one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_requests_selects_exits_by_username() {
+    let have = std::process::Command::new("python3")
+        .args(["-c", "import requests"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        have,
+        "python3 with requests is needed (scripts/test installs it)"
+    );
+    let ca = common::TestCa::new();
+    let plain = Origin::start(OriginBehaviour::fixed("py-plain")).await;
+    let tls = Origin::start_tls(OriginBehaviour::fixed("py-tls"), &ca).await;
+    let fakes = Fakes::start().await;
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\nconnect_ports = [{}]\n\
+         [pools.default]\n{}\n",
+        tls.port(),
+        fakes.upstreams()
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.cert_pem()).unwrap();
+    let run = |user: &str| {
+        format!(
+            "import requests\n\
+             proxy = 'http://{user}:pw@{proxy}'\n\
+             s = requests.Session()\n\
+             s.trust_env = False\n\
+             for url in ['{plain}', '{tls}'] * 3:\n\
+             \x20   r = s.get(url, proxies={{'http': proxy, 'https': proxy}}, verify='{ca}', timeout=10)\n\
+             \x20   r.raise_for_status()\n\
+             \x20   print(r.text)\n",
+            proxy = gw.proxy,
+            plain = plain.url("/p"),
+            tls = tls.url("/t"),
+            ca = ca_file.display(),
+        )
+    };
+    for (user, want) in [
+        ("acct-country-de", &["de1", "de2"][..]),
+        (
+            "acct-country-us-type-residential-session-py1",
+            &["us1", "us2"][..],
+        ),
+    ] {
+        fakes.clear();
+        let out = tokio::process::Command::new("python3")
+            .args(["-c", &run(user)])
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{user}: python failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(
+            text.lines().filter(|l| *l == "py-plain").count(),
+            3,
+            "{text}"
+        );
+        assert_eq!(text.lines().filter(|l| *l == "py-tls").count(), 3, "{text}");
+        let used = fakes.used();
+        assert!(
+            !used.is_empty() && used.is_subset(&names(want)),
+            "{user}: {used:?}"
+        );
+        if user.contains("-session-") {
+            assert_eq!(used.len(), 1, "{user}: a session keeps one exit: {used:?}");
+        }
+    }
+}
