@@ -549,3 +549,54 @@ async fn python_requests_selects_exits_by_username() {
         }
     }
 }
+
+/// The dashboard in headless Chromium, opened filtered by a label (`#label=country=de`): only the
+/// matching upstreams' rows, each with its labels shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_filters_its_tables_by_a_label() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let fakes = Fakes::start().await;
+    let gw = TestGateway::start(&config(&fakes, &origin, "", "")).await;
+    let profile = tempfile::tempdir().unwrap();
+    let dump = |url: String| {
+        let profile = profile.path().display().to_string();
+        async move {
+            let out = tokio::time::timeout(
+                Duration::from_secs(60),
+                tokio::process::Command::new("chromium")
+                    .args([
+                        "--headless",
+                        "--no-sandbox",
+                        "--disable-gpu",
+                        "--disable-dev-shm-usage",
+                        "--disable-background-networking",
+                        "--disable-component-update",
+                        "--disable-sync",
+                        "--no-first-run",
+                        "--disable-quic",
+                        "--virtual-time-budget=5000",
+                    ])
+                    .arg(format!("--user-data-dir={profile}"))
+                    .arg("--dump-dom")
+                    .arg(url)
+                    .output(),
+            )
+            .await
+            .expect("chromium finishes")
+            .expect("chromium runs (scripts/test installs it)");
+            let full = String::from_utf8_lossy(&out.stdout).into_owned();
+            full.split("<script").next().unwrap_or("").to_string()
+        }
+    };
+    let all = dump(format!("http://{}/dashboard", gw.admin)).await;
+    assert!(all.contains("data-loaded=\"yes\""), "{all}");
+    assert_eq!(all.matches("<tr class=\"upstream\"").count(), MEMBERS.len());
+    let de = dump(format!("http://{}/dashboard#label=country=de", gw.admin)).await;
+    assert!(de.contains("data-loaded=\"yes\""), "{de}");
+    assert_eq!(de.matches("<tr class=\"upstream\"").count(), 2, "{de}");
+    assert!(
+        de.contains(">de1<") && de.contains(">de2<") && !de.contains(">us1<"),
+        "{de}"
+    );
+    assert!(de.contains("country=de type=datacenter"), "{de}");
+}
