@@ -18,7 +18,7 @@ use poolgate::health::Outcome;
 use poolgate::store::memory::MemoryStore;
 use poolgate::store::redis::{RedisSettings, RedisStore};
 use poolgate::store::{
-    Acquired, AnyStore, Grant, MemberChange, MemberState, PoolSpec, PoolStatus, Store, Want,
+    Acquired, AnyStore, Grant, MemberChange, MemberState, PoolSpec, PoolStatus, Store, Subset, Want,
 };
 use poolgate::upstream::UpstreamId;
 
@@ -420,6 +420,99 @@ async fn sessions_bind_once_and_slide(b: &Backend) {
             .unwrap(),
     );
     assert_eq!((g.upstream.clone(), g.bound_now), (m[2].clone(), true));
+    release(&c[1], &spec.name, &g).await;
+    assert_healthy(&c);
+}
+
+/// Label filters: acquires within a subset take only its members (the subset made from the
+/// members sent, then named only), with the pool's caps; a subset whose members are all out of
+/// service has no candidates; a session inside a subset whose bound member left the subset
+/// (its labels changed: a new subset without it) is unavailable, or rebinds inside the new one.
+async fn acquire_within_a_subset(b: &Backend) {
+    let (spec, m) = spec(
+        "within",
+        6,
+        Strategy::LeastUsed,
+        Some(1),
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    let us = vec![m[1].clone(), m[3].clone()];
+    let within = Some(Subset {
+        id: "country=us#1",
+        members: &us,
+    });
+    let any = Want::Any {
+        exclude: &[],
+        within,
+    };
+    let a = granted(c[0].acquire(&spec.name, any).await.unwrap());
+    let b2 = granted(c[1].acquire(&spec.name, any).await.unwrap());
+    let mut got = vec![a.upstream.clone(), b2.upstream.clone()];
+    got.sort();
+    assert_eq!(got, us, "each member of the subset once: the cap is 1");
+    assert_eq!(
+        c[0].acquire(&spec.name, any).await.unwrap(),
+        Acquired::AtCapacity
+    );
+    // Outside the filter there is room.
+    let other = granted(c[0].acquire(&spec.name, ANY).await.unwrap());
+    assert!(!us.contains(&other.upstream));
+    for g in [&a, &b2, &other] {
+        release(&c[0], &spec.name, g).await;
+    }
+    // Both members out of service: nothing to choose inside the filter.
+    let out = MemberState {
+        eligible: false,
+        keeps_sessions: false,
+        cost: 1,
+    };
+    for id in &us {
+        c[0].set_member(&spec.name, id, out).await.unwrap();
+    }
+    assert_eq!(
+        c[1].acquire(&spec.name, any).await.unwrap(),
+        Acquired::NoCandidates
+    );
+    for id in &us {
+        c[0].set_member(&spec.name, id, MemberState::IN_SERVICE)
+            .await
+            .unwrap();
+    }
+    // A session inside the filter binds a member of it.
+    let ttl = Duration::from_secs(30);
+    let sticky = |within, preferred, rebind| Want::Session {
+        key: "s1|country=us",
+        ttl,
+        preferred,
+        rebind,
+        within,
+    };
+    let g = granted(
+        c[0].acquire(&spec.name, sticky(within, &us, false))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (us[0].clone(), true));
+    release(&c[0], &spec.name, &g).await;
+    // Its member's labels change: the filter's new subset no longer holds it.
+    let now_us = vec![m[3].clone()];
+    let changed = Some(Subset {
+        id: "country=us#2",
+        members: &now_us,
+    });
+    assert_eq!(
+        c[1].acquire(&spec.name, sticky(changed, &now_us, false))
+            .await
+            .unwrap(),
+        Acquired::SessionUnavailable(us[0].clone())
+    );
+    let g = granted(
+        c[1].acquire(&spec.name, sticky(changed, &now_us, true))
+            .await
+            .unwrap(),
+    );
+    assert_eq!((g.upstream.clone(), g.bound_now), (m[3].clone(), true));
     release(&c[1], &spec.name, &g).await;
     assert_healthy(&c);
 }
@@ -988,6 +1081,7 @@ macro_rules! suite {
 
 suite!(
     least_used_balance,
+    acquire_within_a_subset,
     cap_never_exceeded_under_concurrent_acquires,
     exclusion_and_no_candidates,
     strategies_rotate,

@@ -284,3 +284,63 @@ mod tests {
         assert_eq!(c.pools["default"].strategy, Strategy::Weighted);
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod label_tests {
+    use super::super::tests::problems;
+    use crate::config::Config;
+
+    #[test]
+    fn labelled_upstreams_are_tables_and_bad_labels_name_their_key() {
+        let text = "[pools.default]\nupstreams = [\"http://10.0.0.1:3128\", \
+                    { url = \"http://10.0.0.2:3128\", name = \"de1\", labels = { country = \"DE\", type = \"datacenter\" } }]\n\
+                    metric_labels = [\"country\"]\n";
+        let config = Config::parse(text, "t", None).unwrap();
+        let pool = &config.pools["default"];
+        assert_eq!(pool.upstreams[1].id.as_str(), "de1");
+        assert_eq!(
+            pool.upstreams[1].labels.to_string(),
+            "country=de type=datacenter"
+        );
+        assert!(pool.upstreams[0].labels.is_empty());
+        assert_eq!(pool.metric_labels, ["country"]);
+
+        let cases = [
+            (
+                "labels = { country = \"u s\" }",
+                "pools.default.upstreams[0].labels.country",
+            ),
+            (
+                "labels = { \"Bad Key\" = \"x\" }",
+                "pools.default.upstreams[0].labels.Bad Key",
+            ),
+            (
+                "labels = { Country = \"us\", country = \"ca\" }",
+                "pools.default.upstreams[0].labels",
+            ),
+            ("name = \"\"", "pools.default.upstreams[0].name"),
+            ("colour = \"red\"", "colour"),
+        ];
+        for (extra, key) in cases {
+            let text = format!(
+                "[pools.default]\nupstreams = [{{ url = \"http://10.0.0.2:3128\", {extra} }}]\n"
+            );
+            let p = problems(&text);
+            assert!(p.iter().any(|m| m.contains(key)), "{extra}: {p:?}");
+        }
+        let p = problems("[pools.default]\nupstreams = [{ url = \"ftp://x:1\" }]\n");
+        assert!(
+            p.iter()
+                .any(|m| m.contains("pools.default.upstreams[0].url")),
+            "{p:?}"
+        );
+        let p = problems(
+            "[pools.default]\nupstreams = [\"direct://\"]\nmetric_labels = [\"a\", \"b\", \"c\", \"d\"]\n",
+        );
+        assert!(
+            p.iter().any(|m| m.contains("pools.default.metric_labels")),
+            "{p:?}"
+        );
+    }
+}
