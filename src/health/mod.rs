@@ -1,12 +1,14 @@
 //! Health: what an exchange's outcome says about its upstream, and what the pool does about it.
 //!
 //! [`classify`] turns a response into an [`Outcome`]; [`blame`] decides whether the upstream is
-//! to blame; [`state`] is each upstream's state machine; [`engine`] ties them together per pool and
-//! answers with allocator changes for the store.
+//! to blame; [`state`] is each upstream's state machine; [`exit`] groups members by the exit IP the
+//! prober measured; [`engine`] ties them together per pool (a ban is shared by members with one
+//! exit IP) and answers with allocator changes for the store.
 
 pub mod blame;
 pub mod classify;
 pub mod engine;
+pub mod exit;
 mod latency;
 pub mod state;
 pub mod view;
