@@ -242,6 +242,12 @@ impl PoolHealth {
         }
     }
 
+    /// Forgets every measured exit IP (the pool no longer measures them: a reload dropped its
+    /// `exit_ip_url`), so no stale grouping goes on sharing bans.
+    pub fn forget_exit_ips(&self) {
+        self.lock().exits = ExitIps::default();
+    }
+
     /// The members a probe should look at now, and why: quarantined ones whose cool-down is
     /// over, dead ones (not operator-removed), and in-service ones with no traffic for `idle`.
     /// Members carrying traffic are left to passive health.

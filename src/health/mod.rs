@@ -36,6 +36,9 @@ impl Registry {
         if let Some(h) = pools.get(&cfg.name) {
             h.reconfigure(cfg.health.clone(), cfg.strategy, members);
             h.set_probing(cfg.probe.is_some());
+            if cfg.probe.as_ref().is_none_or(|p| p.exit_ip.is_none()) {
+                h.forget_exit_ips();
+            }
             return h.clone();
         }
         let h = Arc::new(PoolHealth::new(
