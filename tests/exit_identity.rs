@@ -4,18 +4,27 @@
 //!
 //! Every fake proxy leaves from 127.0.0.1, so each is given the address it claims
 //! (`FakeProxyOpts::exit`, sent as `x-fake-exit`), which the origin's `/exit-ip` answers with.
-//! The probes are real (through the fakes, on loopback), so the tests wait on the real clock,
-//! every wait bounded.
+//! The end-to-end tests probe for real (through the fakes, on loopback), so they wait on the real
+//! clock, every wait bounded; the scheduling test runs on a paused clock with a scripted runner.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
     FakeProxy, FakeProxyOpts, Origin, OriginBehaviour, ProxyMode, ProxyOutcome, TestGateway,
 };
-use poolgate::config::Config;
+use poolgate::app::StartOptions;
+use poolgate::config::{Config, ProbeConfig};
+use poolgate::probe::ExitIpFault;
+use poolgate::probe::prober::Runner;
+use poolgate::upstream::Upstream;
 use serde_json::Value;
 
 /// Long enough for a few probe rounds at `interval = "1s"`.
@@ -357,4 +366,97 @@ async fn a_ban_through_one_member_is_shared_with_its_exit_ip_twin() {
     assert_eq!(site_seen(&p0), before0, "p0 is out");
     assert_eq!(site_seen(&p1), before1, "p1, p0's twin, is out");
     assert_eq!(site_seen(&p2), before2 + 10);
+}
+
+/// A probe runner on a script: probes of `failing` members fail, the others pass; exit IPs come
+/// from `exits`; every exit-IP question is logged.
+#[derive(Default)]
+struct Scripted {
+    failing: Vec<String>,
+    exits: HashMap<String, IpAddr>,
+    asked: Mutex<Vec<String>>,
+}
+
+impl Runner for Scripted {
+    fn probe(
+        &self,
+        upstream: Arc<Upstream>,
+        _cfg: Arc<ProbeConfig>,
+    ) -> Pin<Box<dyn Future<Output = Result<Duration, String>> + Send>> {
+        let fails = self.failing.contains(&upstream.id.to_string());
+        Box::pin(async move {
+            if fails {
+                Err("scripted failure".to_string())
+            } else {
+                Ok(Duration::from_millis(5))
+            }
+        })
+    }
+
+    fn exit_ip(
+        &self,
+        upstream: Arc<Upstream>,
+        cfg: Arc<ProbeConfig>,
+    ) -> Pin<Box<dyn Future<Output = Result<IpAddr, ExitIpFault>> + Send>> {
+        let id = upstream.id.to_string();
+        assert!(cfg.exit_ip.is_some(), "asked without exit_ip_url");
+        self.asked.lock().unwrap().push(id.clone());
+        let ip = self.exits.get(&id).copied();
+        Box::pin(async move { ip.ok_or(ExitIpFault::NotAnIp) })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_passing_probes_ask_for_the_exit_ip_and_each_one_does() {
+    let runner = Arc::new(Scripted {
+        failing: vec!["u2".to_string()],
+        exits: [("u0", "203.0.113.1"), ("u1", "203.0.113.1")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
+            .collect(),
+        asked: Mutex::new(Vec::new()),
+    });
+    // Ports where nothing listens: no probe or request leaves the process.
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+                [pools.default]\nupstreams = [\"http://127.0.0.1:9#u0\", \"http://127.0.0.1:9#u1\", \"http://127.0.0.1:9#u2\", \"http://127.0.0.1:9#u3\"]\n\
+                [pools.default.probe]\ntargets = [\"http://control.test/\"]\ninterval = \"10s\"\njitter = 0.0\nexit_ip_url = \"http://ip.test/\"\n";
+    let config = Config::parse(text, "test", None).unwrap();
+    let gw = TestGateway::from_config_with(
+        config,
+        StartOptions {
+            probe_runner: Some(runner.clone()),
+            ..StartOptions::default()
+        },
+    )
+    .await;
+    // Three intervals: every idle member is probed about three times.
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let asked = runner.asked.lock().unwrap().clone();
+    let count = |id: &str| asked.iter().filter(|a| *a == id).count();
+    assert_eq!(count("u2"), 0, "a failing probe asks nothing: {asked:?}");
+    for id in ["u0", "u1", "u3"] {
+        assert!(
+            count(id) >= 2,
+            "{id} asked after each passing probe: {asked:?}"
+        );
+    }
+    let status = gw.status().await;
+    assert_eq!(upstream(&status, "default", "u0")["exit_ip"], "203.0.113.1");
+    assert_eq!(shares(upstream(&status, "default", "u1")), ["u0"]);
+    assert!(upstream(&status, "default", "u3")["exit_ip"].is_null());
+    // The paused clock may move on while /status is asked over a socket: a probe may land meanwhile.
+    let after = runner.asked.lock().unwrap().clone();
+    let count_after = |id: &str| after.iter().filter(|a| *a == id).count() as u64;
+    let counts = &pool(&status, "default")["probes"]["exit_ip"];
+    let rejected = counts["rejected"].as_u64().unwrap();
+    assert!(
+        (count("u3") as u64..=count_after("u3")).contains(&rejected),
+        "{counts}"
+    );
+    let recorded = counts["recorded"].as_u64().unwrap();
+    assert!(
+        ((count("u0") + count("u1")) as u64..=count_after("u0") + count_after("u1"))
+            .contains(&recorded),
+        "{counts}"
+    );
 }
