@@ -17,6 +17,7 @@
 //!   [`upstream::tls`]; [`store`] ([`store::memory`] embedded, [`store::redis`] shared, one Lua
 //!   script of `lua/` per decision); [`health`] ([`health::classify`], [`health::state`] the
 //!   per-upstream state machine, [`health::blame`] per-target stats and incidents,
+//!   [`health::exit`] members grouped by measured exit IP,
 //!   [`health::engine`]); [`ratelimit`]; [`auth`]; [`accounting`]; [`metrics`]; [`probe`]
 //!   ([`mod@probe::check`], [`probe::status`]); [`sources`] ([`sources::list`],
 //!   [`sources::fetch`]).

@@ -154,6 +154,22 @@ const TABLE: &[(&str, Want)] = &[
         "pools[].probes.reference_probes",
         Series(&[("poolgate_reference_probes_total", &[])]),
     ),
+    (
+        "pools[].probes.exit_ip.recorded",
+        Series(&[("poolgate_exit_ip_answers_total", &[("result", "recorded")])]),
+    ),
+    (
+        "pools[].probes.exit_ip.rejected",
+        Series(&[("poolgate_exit_ip_answers_total", &[("result", "rejected")])]),
+    ),
+    (
+        "pools[].probes.exit_ip.failed",
+        Series(&[("poolgate_exit_ip_answers_total", &[("result", "failed")])]),
+    ),
+    (
+        "pools[].shared_exit_ips",
+        Series(&[("poolgate_shared_exit_ips", &[])]),
+    ),
     ("pools[].probes.incident.since_s", Not(AGE)),
     ("pools[].probes.last_probe_s_ago", Not(AGE)),
     ("pools[].rate_limit.per_upstream_per_s", Not(CONFIG)),

@@ -381,6 +381,8 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
     let mut target_exchanges = Vec::new();
     let mut probes_in_flight = Vec::new();
     let mut reference_probes = Vec::new();
+    let mut exit_ip_answers = Vec::new();
+    let mut shared_exit_ips = Vec::new();
     let mut rate_limit_keys = Vec::new();
     let mut skipped_lines = Vec::new();
     for p in &s.pools {
@@ -417,7 +419,15 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
         if let Some(probes) = &p.probes {
             probes_in_flight.push((vec![pool()], probes.in_flight as u64));
             reference_probes.push((vec![pool()], probes.reference_probes));
+            for (result, n) in [
+                ("recorded", probes.exit_ip.recorded),
+                ("rejected", probes.exit_ip.rejected),
+                ("failed", probes.exit_ip.failed),
+            ] {
+                exit_ip_answers.push((vec![pool(), ("result", result.to_string())], n));
+            }
         }
+        shared_exit_ips.push((vec![pool()], p.shared_exit_ips as u64));
         rate_limit_keys.push((vec![pool()], p.rate_limit.keys_tracked as u64));
         if let Some(src) = &p.sources {
             skipped_lines.push((vec![pool()], src.skipped_lines as u64));
@@ -458,6 +468,18 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
         "Reference probes (through other upstreams, after a failed probe) since start",
         true,
         reference_probes,
+    );
+    family(
+        "poolgate_exit_ip_answers",
+        "Answers of a pool's exit_ip_url since start, by result (recorded, rejected as not one address, failed)",
+        true,
+        exit_ip_answers,
+    );
+    family(
+        "poolgate_shared_exit_ips",
+        "Exit IPs that two members of the pool or more share",
+        false,
+        shared_exit_ips,
     );
     family(
         "poolgate_rate_limit_keys",

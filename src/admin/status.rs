@@ -51,6 +51,8 @@ pub struct PoolView {
     pub quarantine_cap: QuarantineCap,
     pub incidents: Incidents,
     pub upstreams: Vec<UpstreamView>,
+    /// Exit IPs that two members or more share (see each upstream's `shares_exit_ip_with`).
+    pub shared_exit_ips: usize,
     /// Success and captcha rates per (target × upstream), for the busiest targets.
     pub matrix: Vec<MatrixRow>,
     /// Active probing (`null` when the pool has no `[pools.*.probe]` section).
@@ -158,6 +160,7 @@ pub async fn collect(gw: &Gateway) -> Status {
                 targets: hv.target_incidents,
             },
             upstreams,
+            shared_exit_ips: hv.shared_exit_ips,
             matrix: hv.matrix,
             probes: pool
                 .config

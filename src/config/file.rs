@@ -270,6 +270,7 @@ pub(super) struct FileProbe {
     pub(super) concurrency: Option<usize>,
     pub(super) timeout: Option<String>,
     pub(super) max_latency: Option<String>,
+    pub(super) exit_ip_url: Option<String>,
 }
 
 /// A control target: a URL, or a table that overrides the expected answer for it.

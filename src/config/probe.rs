@@ -32,6 +32,9 @@ pub struct ProbeConfig {
     pub timeout: Duration,
     /// A probe answered slower than this fails (the latency ceiling of admission too).
     pub max_latency: Option<Duration>,
+    /// Where a passing probe also asks, through the same upstream, which IP address the world
+    /// sees (`exit_ip_url`): members that share one are one identity to a target site.
+    pub exit_ip: Option<ControlTarget>,
 }
 
 /// A URL the pool's upstreams must reach, and the answer expected from it.
@@ -74,16 +77,7 @@ impl Validator {
                 Some(_) => status(self, &format!("{key}.expect_status"), code),
                 None => default_status,
             };
-            let parsed = url.parse::<http::Uri>().ok().and_then(|uri| {
-                let https = match uri.scheme_str() {
-                    Some("http") => false,
-                    Some("https") => true,
-                    _ => return None,
-                };
-                let target = crate::target::Target::from_uri(&uri, None).ok()?;
-                Some((uri, target, https))
-            });
-            match parsed {
+            match parse_url(&url) {
                 Some((url, target, https)) => targets.push(ControlTarget {
                     url,
                     target,
@@ -125,8 +119,25 @@ impl Validator {
         if max_latency.is_some_and(|m| m > timeout) {
             self.problem(&k("max_latency"), "must not exceed timeout");
         }
+        let exit_ip = p.exit_ip_url.and_then(|url| match parse_url(&url) {
+            Some((url, target, https)) => Some(ControlTarget {
+                url,
+                target,
+                https,
+                expect_status: http::StatusCode::OK,
+                expect_body: None,
+            }),
+            None => {
+                self.problem(
+                    &k("exit_ip_url"),
+                    format!("`{url}` is not an http:// or https:// URL with a host"),
+                );
+                None
+            }
+        });
         ProbeConfig {
             targets,
+            exit_ip,
             interval,
             jitter: self.ratio(&k("jitter"), p.jitter, DEFAULT_PROBE_JITTER),
             dead_interval,
@@ -136,6 +147,18 @@ impl Validator {
             max_latency,
         }
     }
+}
+
+/// An `http://` or `https://` URL with a host: the URL, its target, and whether it is https.
+fn parse_url(url: &str) -> Option<(http::Uri, crate::target::Target, bool)> {
+    let uri = url.parse::<http::Uri>().ok()?;
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return None,
+    };
+    let target = crate::target::Target::from_uri(&uri, None).ok()?;
+    Some((uri, target, https))
 }
 
 #[cfg(test)]
@@ -148,7 +171,7 @@ mod tests {
     #[test]
     fn probe_section_is_validated_with_keys_named() {
         let ok = Config::parse(
-            "[pools.default]\nupstreams = [\"direct://\"]\n[pools.default.probe]\ntargets = [\"http://a.example/ok\", { url = \"https://b.example/\", expect_status = 204 }]\nexpect_body = \"fine\"\ninterval = \"45s\"\n",
+            "[pools.default]\nupstreams = [\"direct://\"]\n[pools.default.probe]\ntargets = [\"http://a.example/ok\", { url = \"https://b.example/\", expect_status = 204 }]\nexpect_body = \"fine\"\ninterval = \"45s\"\nexit_ip_url = \"https://ip.example/json\"\n",
             "t",
             None,
         )
@@ -160,9 +183,12 @@ mod tests {
         assert!(probe.targets[1].https);
         assert_eq!(probe.interval, Duration::from_secs(45));
         assert_eq!(probe.successes, DEFAULT_PROBE_SUCCESSES);
+        let exit = probe.exit_ip.unwrap();
+        assert!(exit.https);
+        assert_eq!(exit.target.host, "ip.example");
 
         let bad = Config::parse(
-            "[pools.default]\nupstreams = [\"direct://\"]\n[pools.default.probe]\ntargets = [\"ftp://x\"]\nexpect_status = 99\nsuccesses = 0\nmax_latency = \"1m\"\ntimeout = \"5s\"\n",
+            "[pools.default]\nupstreams = [\"direct://\"]\n[pools.default.probe]\ntargets = [\"ftp://x\"]\nexpect_status = 99\nsuccesses = 0\nmax_latency = \"1m\"\ntimeout = \"5s\"\nexit_ip_url = \"ip.example\"\n",
             "t",
             None,
         )
@@ -173,6 +199,7 @@ mod tests {
             "pools.default.probe.expect_status",
             "pools.default.probe.successes",
             "pools.default.probe.max_latency",
+            "pools.default.probe.exit_ip_url",
         ] {
             assert!(bad.contains(key), "{key} not named in: {bad}");
         }

@@ -324,6 +324,17 @@ impl Targets {
         }
     }
 
+    /// Counts a ban on `target` that `upstream` shares with the member it was earned through (the
+    /// two leave from one exit IP). Only the cell's ban count moves: the ban is one event, so it
+    /// adds no evidence of a target incident and nothing to singling out.
+    pub fn shared_ban(&mut self, target: &str, upstream: &UpstreamId, now: Instant) {
+        if let Some(t) = self.by_target.get_mut(target) {
+            let cell = t.cells.entry(upstream.clone()).or_default();
+            cell.bans += 1;
+            cell.last_at = Some(now);
+        }
+    }
+
     pub fn in_incident(&self, target: &str) -> bool {
         self.by_target
             .get(target)

@@ -6,6 +6,7 @@
 //! `tokio::time::Instant::now()`, so tests drive it on a paused clock.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use tokio::time::Instant;
 use crate::config::{HealthConfig, Strategy};
 use crate::fast_map::FastMap;
 use crate::health::blame::{Answer, TargetChange, Targets};
+use crate::health::exit::ExitIps;
 use crate::health::latency::LatencyHistogram;
 use crate::health::state::{Sample, State, Transition, UpstreamHealth};
 pub use crate::health::view::{
@@ -106,6 +108,8 @@ struct Engine {
     global_incident_since: Option<Instant>,
     /// The pool probes: a cool-down's end waits for passing probes instead of going half-open.
     probing: bool,
+    /// Members grouped by measured exit IP: a ban through one is a ban on its twins.
+    exits: ExitIps,
 }
 
 /// Why an upstream is due a probe.
@@ -166,6 +170,7 @@ impl PoolHealth {
                 targets: Targets::default(),
                 global_incident_since: None,
                 probing: false,
+                exits: ExitIps::default(),
             }),
         }
     }
@@ -183,6 +188,7 @@ impl PoolHealth {
         e.members = members.to_vec();
         let keep: std::collections::HashSet<&UpstreamId> = members.iter().collect();
         e.upstreams.retain(|id, _| keep.contains(id));
+        e.exits.retain(|id| keep.contains(id));
         for id in members {
             e.upstreams
                 .entry(id.clone())
@@ -215,6 +221,31 @@ impl PoolHealth {
     /// Whether the pool probes (its config has a probe section); set at start and on reload.
     pub fn set_probing(&self, probing: bool) {
         self.lock().probing = probing;
+    }
+
+    /// Records the exit IP a probe measured for `upstream` (a member of the pool); logs a change.
+    pub fn set_exit_ip(&self, upstream: &UpstreamId, ip: IpAddr) {
+        let mut e = self.lock();
+        if !e.upstreams.contains_key(upstream) {
+            return;
+        }
+        if e.exits.set(upstream, ip) {
+            let shares: Vec<&UpstreamId> = e.exits.twins(upstream).collect();
+            if shares.is_empty() {
+                tracing::info!(pool = %self.name, upstream = %upstream, exit_ip = %ip, "exit IP measured");
+            } else {
+                tracing::warn!(
+                    pool = %self.name, upstream = %upstream, exit_ip = %ip, shares_with = ?shares,
+                    "exit IP measured: shared with other members, which now share its bans"
+                );
+            }
+        }
+    }
+
+    /// Forgets every measured exit IP (the pool no longer measures them: a reload dropped its
+    /// `exit_ip_url`), so no stale grouping goes on sharing bans.
+    pub fn forget_exit_ips(&self) {
+        self.lock().exits = ExitIps::default();
     }
 
     /// The members a probe should look at now, and why: quarantined ones whose cool-down is
@@ -428,11 +459,53 @@ impl PoolHealth {
             changes.extend(Self::change_of(upstream, &mut t, transition));
         }
         e.upstreams.insert(id, t);
+        if blamed && sample == Sample::Ban {
+            changes.extend(self.share_ban(e, upstream, target, &cfg, now));
+        }
         for (other, at) in revoke {
             changes.extend(self.give_back(e, &other, at, target, now));
         }
         if e.strategy == Strategy::Weighted {
             changes.extend(self.reweigh(e, upstream));
+        }
+        changes
+    }
+
+    /// A ban `upstream` earned on `target` is a ban on the members that leave from the same exit
+    /// IP (one visitor to the site): each gets the ban in its cell for the target and as a sample
+    /// of its state machine, and is remembered among the target's blamed upstreams when that
+    /// takes it out of full service (so a target incident gives it back too). Faults stay with the
+    /// member that had them: they are the proxy's, not the address's.
+    fn share_ban(
+        &self,
+        e: &mut Engine,
+        upstream: &UpstreamId,
+        target: &str,
+        cfg: &HealthConfig,
+        now: Instant,
+    ) -> Vec<Change> {
+        let twins: Vec<UpstreamId> = e.exits.twins(upstream).cloned().collect();
+        let mut changes = Vec::new();
+        for twin in twins {
+            e.targets.shared_ban(target, &twin, now);
+            let jitter = rand::random::<f64>() * 2.0 - 1.0;
+            let mut transition = Self::feed(e, &twin, Sample::Ban, cfg, now, jitter);
+            if let Some(tr) = &mut transition {
+                let ip = e.exits.ip_of(upstream).map(|ip| ip.to_string());
+                tr.reason = format!(
+                    "{}; a ban on {target} through {upstream}, which shares its exit IP {}",
+                    tr.reason,
+                    ip.as_deref().unwrap_or("?")
+                );
+                if let Some(t) = e.upstreams.get_mut(&twin) {
+                    t.machine.set_reason(&tr.reason);
+                }
+                self.log(&twin, tr);
+                if matches!(tr.to, State::Degraded | State::Quarantined) {
+                    e.targets.blamed(target, &twin, now);
+                }
+            }
+            changes.extend(self.change_for(e, &twin, transition));
         }
         changes
     }
@@ -721,6 +794,8 @@ impl PoolHealth {
                     latency_p50_ms: t.latency.quantile(0.5),
                     latency_p95_ms: t.latency.quantile(0.95),
                     allocation_cost: t.applied.cost,
+                    exit_ip: e.exits.ip_of(id),
+                    shares_exit_ip_with: e.exits.twins(id).map(|u| u.to_string()).collect(),
                 },
             );
         }
@@ -744,6 +819,7 @@ impl PoolHealth {
                 })
                 .collect(),
             targets_tracked: e.targets.len(),
+            shared_exit_ips: e.exits.shared(),
             upstreams,
             matrix: e
                 .targets
@@ -768,5 +844,86 @@ impl PoolHealth {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> UpstreamId {
+        UpstreamId::new(s)
+    }
+
+    fn pool(n: usize) -> PoolHealth {
+        let members: Vec<UpstreamId> = (0..n).map(|i| id(&format!("u{i}"))).collect();
+        let cfg = HealthConfig {
+            max_quarantined_percent: 100,
+            min_in_service: 1,
+            cooldown_jitter: 0.0,
+            ..HealthConfig::default()
+        };
+        PoolHealth::new("t", cfg, Strategy::LeastUsed, &members)
+    }
+
+    fn bans_of(h: &PoolHealth, target: &str, upstream: &str) -> u64 {
+        h.view()
+            .matrix
+            .iter()
+            .find(|r| r.target == target)
+            .and_then(|r| r.cells.iter().find(|c| c.upstream == upstream))
+            .map_or(0, |c| c.counts.bans)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ban_through_one_member_is_a_ban_on_its_exit_ip_twins_only() {
+        let h = pool(4);
+        let shared: IpAddr = "198.51.100.9".parse().unwrap();
+        h.set_exit_ip(&id("u0"), shared);
+        h.set_exit_ip(&id("u1"), shared);
+        h.set_exit_ip(&id("u2"), "198.51.100.10".parse().unwrap());
+        h.set_exit_ip(&id("nobody"), shared);
+        let view = h.view();
+        assert_eq!(view.shared_exit_ips, 1);
+        assert_eq!(view.upstreams[&id("u0")].shares_exit_ip_with, ["u1"]);
+        assert_eq!(view.upstreams[&id("u1")].shares_exit_ip_with, ["u0"]);
+        assert!(view.upstreams[&id("u2")].shares_exit_ip_with.is_empty());
+        assert_eq!(view.upstreams[&id("u3")].exit_ip, None);
+
+        let mut changed = Vec::new();
+        for _ in 0..6 {
+            for c in h.observe(
+                &id("u0"),
+                "shop.example",
+                Outcome::Captcha,
+                Duration::from_millis(5),
+            ) {
+                changed.push(c.upstream.to_string());
+            }
+        }
+        assert_eq!(h.state_of(&id("u0")), Some(State::Quarantined));
+        assert_eq!(h.state_of(&id("u1")), Some(State::Quarantined));
+        assert_eq!(h.state_of(&id("u2")), Some(State::Healthy));
+        assert!(changed.iter().any(|u| u == "u1"), "{changed:?}");
+        assert_eq!(bans_of(&h, "shop.example", "u1"), 6);
+        assert_eq!(bans_of(&h, "shop.example", "u2"), 0);
+        let reason = h.view().upstreams[&id("u1")].state_reason.clone();
+        assert!(reason.contains("through u0"), "{reason}");
+        assert!(
+            h.view().target_incidents.is_empty(),
+            "a shared ban is no evidence of a target incident"
+        );
+
+        // Faults stay with the member that had them.
+        for _ in 0..10 {
+            h.observe(
+                &id("u2"),
+                "shop.example",
+                Outcome::ConnectError,
+                Duration::from_millis(5),
+            );
+        }
+        h.set_exit_ip(&id("u3"), "198.51.100.10".parse().unwrap());
+        assert_eq!(h.state_of(&id("u3")), Some(State::Healthy));
     }
 }

@@ -1,12 +1,14 @@
 //! Health: what an exchange's outcome says about its upstream, and what the pool does about it.
 //!
 //! [`classify`] turns a response into an [`Outcome`]; [`blame`] decides whether the upstream is
-//! to blame; [`state`] is each upstream's state machine; [`engine`] ties them together per pool and
-//! answers with allocator changes for the store.
+//! to blame; [`state`] is each upstream's state machine; [`exit`] groups members by the exit IP the
+//! prober measured; [`engine`] ties them together per pool (a ban is shared by members with one
+//! exit IP) and answers with allocator changes for the store.
 
 pub mod blame;
 pub mod classify;
 pub mod engine;
+pub mod exit;
 mod latency;
 pub mod state;
 pub mod view;
@@ -34,6 +36,9 @@ impl Registry {
         if let Some(h) = pools.get(&cfg.name) {
             h.reconfigure(cfg.health.clone(), cfg.strategy, members);
             h.set_probing(cfg.probe.is_some());
+            if cfg.probe.as_ref().is_none_or(|p| p.exit_ip.is_none()) {
+                h.forget_exit_ips();
+            }
             return h.clone();
         }
         let h = Arc::new(PoolHealth::new(

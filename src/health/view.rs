@@ -26,6 +26,10 @@ pub struct UpstreamHealthView {
     pub latency_p50_ms: Option<f64>,
     pub latency_p95_ms: Option<f64>,
     pub allocation_cost: u32,
+    /// The exit IP the prober last measured (`null` until known, or without `exit_ip_url`).
+    pub exit_ip: Option<std::net::IpAddr>,
+    /// Other members with the same exit IP: one identity to a target site, sharing its bans.
+    pub shares_exit_ip_with: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -58,6 +62,8 @@ pub struct PoolHealthView {
     pub global_incident: bool,
     pub target_incidents: Vec<TargetIncident>,
     pub targets_tracked: usize,
+    /// Exit IPs that two members or more share.
+    pub shared_exit_ips: usize,
     #[serde(skip)]
     pub upstreams: HashMap<UpstreamId, UpstreamHealthView>,
     pub matrix: Vec<MatrixRow>,

@@ -7,11 +7,12 @@ pub mod prober;
 pub mod status;
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use check::{ProbeFault, check};
+pub use check::{ExitIpFault, ProbeFault, check};
 
 use crate::config::ProbeConfig;
 use crate::upstream::Upstream;
@@ -26,6 +27,17 @@ pub trait Runner: Send + Sync + 'static {
         upstream: Arc<Upstream>,
         cfg: Arc<ProbeConfig>,
     ) -> Pin<Box<dyn Future<Output = Result<Duration, String>> + Send>>;
+
+    /// Asks the pool's `exit_ip_url` through `upstream` which address its traffic leaves from.
+    /// Runners that do not measure exit IPs keep this default.
+    fn exit_ip(
+        &self,
+        upstream: Arc<Upstream>,
+        cfg: Arc<ProbeConfig>,
+    ) -> Pin<Box<dyn Future<Output = Result<IpAddr, ExitIpFault>> + Send>> {
+        let _ = (upstream, cfg);
+        Box::pin(async { Err(ExitIpFault::Unmeasured) })
+    }
 }
 
 /// Probes through the gateway's connector, as client traffic goes.
@@ -44,6 +56,20 @@ impl Runner for LiveRunner {
             probe(&connector, &upstream, &cfg)
                 .await
                 .map_err(|e| e.to_string())
+        })
+    }
+
+    fn exit_ip(
+        &self,
+        upstream: Arc<Upstream>,
+        cfg: Arc<ProbeConfig>,
+    ) -> Pin<Box<dyn Future<Output = Result<IpAddr, ExitIpFault>> + Send>> {
+        let connector = self.connector.clone();
+        Box::pin(async move {
+            match &cfg.exit_ip {
+                Some(target) => check::exit_ip(&connector, &upstream, target, cfg.timeout).await,
+                None => Err(ExitIpFault::Unmeasured),
+            }
         })
     }
 }

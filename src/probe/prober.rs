@@ -10,6 +10,11 @@
 //!   some probe passed within the last interval, or a reference probe through another upstream in
 //!   service passes now. When none does, every control target fails through every upstream tried:
 //!   that is a probe incident, reported in `/status`, and nothing is judged while it lasts.
+//! - With `exit_ip_url`, every passing probe also asks it, through the same upstream, for the
+//!   member's exit IP, and hands a valid answer to the pool's health, which groups members by
+//!   it (a ban through one is a ban on the members with the same exit IP). Every passing probe
+//!   rather than every Nth: a rotating exit changes its address, and the check is one small
+//!   request next to the probe. An answer that is not exactly one address is counted and ignored.
 //! - With a shared store, only the holder of the pool's job lock probes, so each upstream is
 //!   probed once per interval across all instances; verdicts reach the others through the store.
 
@@ -293,6 +298,31 @@ impl ProbeTask {
             .health
             .probe_result(&upstream.id, verdict, self.cfg.successes);
         health::apply(&*self.gw.store, self.pool.name(), changes).await;
+        if verdict.is_ok() && self.cfg.exit_ip.is_some() {
+            self.measure_exit_ip(upstream).await;
+        }
+    }
+
+    /// Asks `exit_ip_url` through `upstream` and records the answer when it is one address.
+    async fn measure_exit_ip(&self, upstream: &Arc<Upstream>) {
+        let result = self
+            .runner
+            .exit_ip(upstream.clone(), self.cfg.clone())
+            .await;
+        match result {
+            Ok(ip) => {
+                lock(&self.shared).status.exit_ip.recorded += 1;
+                self.pool.health.set_exit_ip(&upstream.id, ip);
+            }
+            Err(e) if e.is_malformed() => {
+                lock(&self.shared).status.exit_ip.rejected += 1;
+                tracing::warn!(pool = self.pool.name(), upstream = %upstream.id, reason = %e, "exit IP answer ignored");
+            }
+            Err(e) => {
+                lock(&self.shared).status.exit_ip.failed += 1;
+                tracing::debug!(pool = self.pool.name(), upstream = %upstream.id, reason = %e, "exit IP check failed");
+            }
+        }
     }
 
     fn control_ok(&self, now: Instant) {

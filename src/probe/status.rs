@@ -24,6 +24,20 @@ pub struct ProbeStatus {
     /// Every control target failed through every upstream tried; nothing is judged meanwhile.
     pub incident: Option<ProbeIncident>,
     pub last_probe_s_ago: Option<u64>,
+    /// Answers of `exit_ip_url` (all zero without it).
+    pub exit_ip: ExitIpCounts,
+}
+
+/// What the exit-IP checks after passing probes came to.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ExitIpCounts {
+    /// An address was read and recorded as the member's exit IP.
+    pub recorded: u64,
+    /// The service answered something that is not one address (HTML, a host name, a list, an
+    /// answer over 1 KiB): ignored, the member's last known exit IP kept.
+    pub rejected: u64,
+    /// No answer (connect, timeout, status other than 200).
+    pub failed: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -3,7 +3,9 @@
 //! * absolute-form requests (`GET http://127.0.0.1:P/x`) are forwarded in
 //!   origin-form over a fresh hyper client connection, without
 //!   `Proxy-Authorization` / `Proxy-Connection`; responses get
-//!   `x-fake-proxy: 127.0.0.1:PORT`;
+//!   `x-fake-proxy: 127.0.0.1:PORT`; with an exit set ([`FakeProxyOpts::exit`]), forwarded
+//!   requests carry `x-fake-exit: <exit>`, which the origin's `/exit-ip` answers with (every
+//!   fake leaves from 127.0.0.1, so this is how tests give proxies distinct exit addresses);
 //! * `CONNECT host:port` answers 200 and tunnels bytes.
 //!
 //! Targets are resolved first and refused with 403 (outcome
@@ -66,6 +68,18 @@ pub struct FakeProxyOpts {
     pub mode: ProxyMode,
     /// Sleep this long (tokio time) before forwarding / tunnelling each request.
     pub delay: Option<Duration>,
+    /// The exit address this proxy claims: sent as `x-fake-exit` on forwarded requests.
+    pub exit: Option<String>,
+}
+
+impl FakeProxyOpts {
+    /// A normal proxy whose forwarded requests say they leave from `exit`.
+    pub fn with_exit(exit: &str) -> Self {
+        Self {
+            exit: Some(exit.to_string()),
+            ..Self::default()
+        }
+    }
 }
 
 impl FakeProxyOpts {
@@ -132,6 +146,7 @@ struct ProxyState {
     credentials: Option<(String, String)>,
     mode: Mutex<ProxyMode>,
     delay: Mutex<Option<Duration>>,
+    exit: Mutex<Option<String>>,
     gauge: Arc<Gauge>,
     requests: AtomicUsize,
     connects: AtomicUsize,
@@ -196,6 +211,7 @@ impl FakeProxy {
             credentials: opts.credentials.clone(),
             mode: Mutex::new(opts.mode),
             delay: Mutex::new(opts.delay),
+            exit: Mutex::new(opts.exit.clone()),
             gauge: Gauge::new(),
             requests: AtomicUsize::new(0),
             connects: AtomicUsize::new(0),
@@ -269,6 +285,11 @@ impl FakeProxy {
     }
 
     /// Changes the per-request delay.
+    /// Changes the `x-fake-exit` value of later forwarded requests (`None`: no header).
+    pub fn set_exit(&self, exit: Option<&str>) {
+        *self.state.exit.lock().expect("exit") = exit.map(str::to_string);
+    }
+
     pub fn set_delay(&self, delay: Option<Duration>) {
         *self.state.delay.lock().expect("delay") = delay;
     }
@@ -705,6 +726,10 @@ async fn forward(
         if let Ok(v) = HeaderValue::from_str(&host_header) {
             parts.headers.insert(http::header::HOST, v);
         }
+    }
+    let exit = st.exit.lock().expect("exit").clone();
+    if let Some(v) = exit.and_then(|e| HeaderValue::from_str(&e).ok()) {
+        parts.headers.insert("x-fake-exit", v);
     }
     parts.version = http::Version::HTTP_11;
     let resp = match sender.send_request(Request::from_parts(parts, body)).await {

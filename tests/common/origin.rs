@@ -425,6 +425,26 @@ async fn handle(
             r
         }
         "/ok" => text(StatusCode::OK, "ok"),
+        // The caller's exit address as a fake proxy claims it (`x-fake-exit`), else the peer's:
+        // as text, as `{"ip": …}` for `/exit-ip.json`; `?pad=N` appends N spaces (N ≤ 64 KiB).
+        "/exit-ip" | "/exit-ip.json" => {
+            let exit = parts
+                .headers
+                .get("x-fake-exit")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("127.0.0.1")
+                .to_string();
+            let pad = query_param(&query, "pad")
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0)
+                .min(64 * 1024);
+            let body = if path == "/exit-ip.json" {
+                serde_json::json!({ "ip": exit }).to_string()
+            } else {
+                exit
+            };
+            text(StatusCode::OK, format!("{body}{}", " ".repeat(pad)))
+        }
         _ => match &behaviour.body {
             Some(b) => text(StatusCode::OK, b.clone()),
             None => {
