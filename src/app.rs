@@ -113,6 +113,8 @@ pub enum StartError {
     Intercept(#[from] InterceptSetupError),
     #[error("cannot start the proxy worker threads: {0}")]
     Workers(std::io::Error),
+    #[error(transparent)]
+    AccessLog(#[from] crate::access_log::OpenError),
 }
 
 /// A started gateway.
@@ -141,6 +143,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 pub async fn start_with(config: Config, options: StartOptions) -> Result<Running, StartError> {
     let config = Arc::new(config);
     let instance_id = instance_id();
+    let access_log = crate::access_log::AccessLog::start(&config.log, &instance_id)?;
     let store = match &config.store {
         StoreConfig::Memory => AnyStore::Memory(MemoryStore::new()),
         StoreConfig::Redis {
@@ -216,6 +219,8 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         probes: Default::default(),
         captcha: CaptchaRules::new(&config.captcha),
         metrics: Arc::new(Metrics::new()),
+        meter: crate::meter::Meter::new(),
+        access_log,
         connector,
         intercept,
         tasks: TaskTracker::new(),
@@ -368,6 +373,11 @@ impl Running {
         if !self.gw.store.settle(LEASE_RELEASE_TIMEOUT).await {
             tracing::warn!("some lease releases did not reach the store before exit");
         }
+        if let Some(log) = &self.gw.access_log {
+            if !log.settle(LEASE_RELEASE_TIMEOUT).await {
+                tracing::warn!("some access-log lines were not written before exit");
+            }
+        }
         drop(self.workers.take());
         drained
     }
@@ -375,6 +385,13 @@ impl Running {
     /// Leases still live in the store, over every pool (0 after a clean shutdown).
     pub async fn leases_live(&self) -> u64 {
         leases_live(&self.gw).await
+    }
+
+    /// Reopens the access log's file (what SIGUSR1 does, and SIGHUP besides reloading).
+    pub fn reopen_logs(&self) {
+        if let Some(log) = &self.gw.access_log {
+            log.reopen();
+        }
     }
 
     /// Re-reads the config file and applies it (what SIGHUP does).
@@ -427,7 +444,9 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> i32 {
             shutdown::Signal::Reload => {
                 // Success and failure are logged by the reload itself.
                 let _ = running.reload().await;
+                running.reopen_logs();
             }
+            shutdown::Signal::Reopen => running.reopen_logs(),
             shutdown::Signal::Terminate(sig) => {
                 tracing::info!(signal = sig, "shutting down: draining in-flight work");
                 break;

@@ -16,7 +16,8 @@
 //!   [`upstream::tls`]; [`store`] ([`store::memory`] embedded, [`store::redis`] shared, one Lua
 //!   script of `lua/` per decision); [`health`] ([`health::classify`], [`health::state`] the
 //!   per-upstream state machine, [`health::blame`] per-target stats and incidents,
-//!   [`health::engine`]); [`ratelimit`]; [`auth`]; [`accounting`]; [`metrics`]; [`probe`]
+//!   [`health::engine`]); [`ratelimit`]; [`auth`]; [`accounting`]; [`meter`] (bytes per member, pool, user);
+//!   [`access_log`] (a line per request, written off the request path); [`metrics`]; [`probe`]
 //!   ([`mod@probe::check`], [`probe::status`]); [`sources`] ([`sources::list`],
 //!   [`sources::fetch`]).
 //! - decisions: [`error`] (the one error type, no HTTP), [`admit`] (client allowlist, target
@@ -24,7 +25,8 @@
 //! - [`state`]: `Gateway`, the shared handles; nothing below names it.
 //! - pipeline: [`server`] (accept loop, connection limits), [`proxy`] ([`proxy::forward`],
 //!   [`proxy::tunnel`], [`proxy::inspect`], [`proxy::framing`], [`proxy::headers`],
-//!   [`proxy::observe`], [`proxy::pipe`], [`proxy::respond`] errors → responses),
+//!   [`proxy::observe`], [`proxy::pipe`], [`proxy::ledger`] (the access log's entry and byte
+//!   counting on the request path), [`proxy::respond`] errors → responses),
 //!   [`pool::select`].
 //! - jobs: [`probe::prober`], [`sources::watch`], [`reload`].
 //! - surfaces: [`admin`] (`/status`, `/metrics`, `/dashboard`, actions, the `poolgate status`
@@ -43,6 +45,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod accounting;
 pub mod admin;
 pub mod admit;
@@ -56,6 +59,7 @@ pub mod feedback;
 pub mod health;
 pub mod intercept;
 pub mod limits;
+pub mod meter;
 pub mod metrics;
 pub mod outcome;
 pub mod password;

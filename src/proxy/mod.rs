@@ -8,6 +8,7 @@ pub mod forward;
 pub mod framing;
 pub mod headers;
 pub mod inspect;
+pub mod ledger;
 pub mod observe;
 pub mod pipe;
 pub mod respond;
@@ -52,10 +53,11 @@ fn target_of(uri: &http::Uri, unusable: &'static str) -> Result<Target, ProxyErr
 /// counted as accepted and settled exactly once (see [`crate::accounting`]).
 pub async fn handle(
     gw: Arc<Gateway>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Guarded<Body, Ticket>> {
     let ticket = gw.counters.accept();
+    let entry = ledger::begin(&gw, &mut req, peer);
     let connect = req.method() == Method::CONNECT;
     let result = if let Err(e) = framing::check_request(&req) {
         Err(e)
@@ -67,10 +69,14 @@ pub async fn handle(
         Err(ProxyError::NotProxyRequest)
     };
     match result {
-        Ok(resp) => resp.map(|body| Guarded::new(body, ticket)),
+        Ok(resp) => {
+            ledger::answered(entry, resp.status(), None);
+            resp.map(|body| Guarded::new(body, ticket))
+        }
         Err(e) => {
             tracing::debug!(error = %e, code = e.code(), "request failed");
             let status = e.status();
+            ledger::answered(entry, status, Some(e.code()));
             ticket.finish(if status.is_client_error() {
                 End::Rejected
             } else {
@@ -214,7 +220,16 @@ where
             return Err(ProxyError::NoUpstream);
         };
         match connect(upstream).await {
-            Ok(conn) => return Ok((lease, conn)),
+            Ok(conn) => {
+                let mut lease = lease;
+                let user = route.user.as_deref();
+                lease.set_tap(
+                    gw.meter
+                        .tap(route.pool.name(), grant.upstream.as_str(), user),
+                );
+                lease.set_retries(u32::try_from(tried.len()).unwrap_or(u32::MAX));
+                return Ok((lease, conn));
+            }
             Err(ConnectError::TargetDenied { target }) => {
                 // The target's name points into an internal network: nothing was dialed, and no
                 // other upstream fares better. Not the upstream's fault.
