@@ -313,3 +313,117 @@ async fn a_reopen_moves_the_writing_to_a_new_file_and_combined_lines_read_as_apa
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_writer_drops_lines_and_traffic_goes_on() {
+    // The log is a pipe whose reader never reads: once the pipe is full the writer blocks, the
+    // one-line queue fills, and every further line is dropped, while requests keep being served.
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let upstream = FakeProxy::start(FakeProxyOpts::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("access.pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let reader_path = fifo.clone();
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&reader_path).unwrap();
+        opened_tx.send(()).unwrap();
+        // Held open, never read, until the test ends.
+        std::thread::sleep(Duration::from_secs(120));
+        drop(f);
+    });
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\n\
+         [log]\naccess = {fifo:?}\naccess_buffer_lines = 1\n\
+         [pools.default]\nupstreams = [\"{}\"]\n",
+        upstream.url(),
+    ))
+    .await;
+    opened_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let client = gw.client();
+    let started = Instant::now();
+    // A pipe holds 64 KiB: some 200 lines of about 300 bytes.
+    for _ in 0..600 {
+        let resp = client.get(origin.url("/ok")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    let s = gw.status().await;
+    let log = &s["access_log"];
+    let dropped = log["lines_dropped"].as_u64().unwrap();
+    let written = log["lines_written"].as_u64().unwrap();
+    eprintln!(
+        "600 requests in {:?}: {written} lines written, {dropped} dropped",
+        started.elapsed()
+    );
+    assert!(dropped > 0, "{log}");
+    assert!(written + dropped <= 600, "{log}");
+    let text = gw.metrics().await;
+    assert_eq!(
+        metric(&text, "poolgate_access_log_lines_total{result=\"dropped\"}"),
+        Some(dropped as f64),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_past_per_upstream_max_show_bytes_per_pool_only() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let a = FakeProxy::start(FakeProxyOpts::default()).await;
+    let b = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = TestGateway::start_with(
+        "default_pool = \"big\"",
+        &format!(
+            "[policy]\nallow_private_targets = true\n\
+         [metrics]\nper_upstream_max = 1\n\
+         [pools.big]\nupstreams = [\"{}\", \"{}\"]\n\
+         [pools.small]\nupstreams = [\"{}#s\"]\n",
+            a.url(),
+            b.url(),
+            a.url(),
+        ),
+    )
+    .await;
+    for pool in ["big", "small"] {
+        let resp = gw
+            .client()
+            .post(origin.url("/ok"))
+            .header("X-Pool-Name", pool)
+            .body("0123456789")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    let s = status_when(&gw, "both pools' bytes", |s| {
+        s["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["bytes_up"] == 10)
+    })
+    .await;
+    for p in s["pools"].as_array().unwrap() {
+        for u in p["upstreams"].as_array().unwrap() {
+            assert_eq!(u["bytes_up"].is_null(), p["name"] == "big", "{p}");
+        }
+    }
+    let text = gw.metrics().await;
+    assert!(
+        !text.contains("poolgate_upstream_bytes_total{pool=\"big\""),
+        "{text}"
+    );
+    assert!(text.contains("poolgate_upstream_bytes_total{pool=\"small\""));
+    assert_eq!(
+        metric(
+            &text,
+            "poolgate_pool_bytes_total{pool=\"big\",direction=\"up\"}"
+        ),
+        Some(10.0)
+    );
+}
