@@ -74,6 +74,12 @@ pub(crate) struct RateLimitLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RefusalLabels {
+    pub(crate) pool: String,
+    pub(crate) code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StoreLabels {
     pub(crate) kind: String,
 }
@@ -109,6 +115,8 @@ pub struct Metrics {
     pub(crate) source_fetches: Family<SourceLabels, Gauge>,
     pub(crate) rate_limited: Family<RateLimitLabels, Counter>,
     pub(crate) rate_limit_waits: Family<RateLimitLabels, Counter>,
+    /// Requests a pool could not serve, by `X-Pool-Error` code.
+    pub(crate) refusals: Family<RefusalLabels, Counter>,
     /// The series read from the `/status` snapshot.
     pub(crate) status_series: std::sync::Arc<StatusSeries>,
     /// pool -> upstream -> its `requests` and `latency` series (see [`Metrics::record`]).
@@ -166,6 +174,7 @@ impl Metrics {
             source_fetches: Family::default(),
             rate_limited: Family::default(),
             rate_limit_waits: Family::default(),
+            refusals: Family::default(),
             status_series: Default::default(),
             exchanges: RwLock::default(),
         };
@@ -272,6 +281,11 @@ impl Metrics {
                 m.rate_limit_waits.clone(),
             );
             r.register(
+                "poolgate_pool_refusals",
+                "Requests a pool could not serve before any upstream was connected, by pool and X-Pool-Error code (pool-exhausted, no-upstream-available, rate-limited, store errors)",
+                m.refusals.clone(),
+            );
+            r.register(
                 "poolgate_uptime_seconds",
                 "Seconds since start",
                 m.uptime.clone(),
@@ -327,6 +341,17 @@ impl Metrics {
     pub fn rate_limit_rejected(&self, pool: &str, scope: Scope) {
         self.rate_limited
             .get_or_create(&rate_labels(pool, scope))
+            .inc();
+    }
+
+    /// Counts a request `pool` refused (or failed) before any upstream was connected; `code` is
+    /// its `X-Pool-Error`.
+    pub fn pool_refused(&self, pool: &str, code: &'static str) {
+        self.refusals
+            .get_or_create(&RefusalLabels {
+                pool: pool.to_string(),
+                code,
+            })
             .inc();
     }
 

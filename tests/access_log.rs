@@ -427,3 +427,61 @@ async fn pools_past_per_upstream_max_show_bytes_per_pool_only() {
         Some(10.0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_exhausted_refusal_is_counted_and_logged_with_its_pool() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let upstream = FakeProxy::start(FakeProxyOpts {
+        delay: Some(Duration::from_millis(800)),
+        ..FakeProxyOpts::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\n\
+         [log]\naccess = {path:?}\n\
+         [pools.default]\nupstreams = [\"{}\"]\nmax_concurrency = 1\nqueue_timeout = \"50ms\"\n",
+        upstream.url(),
+    ))
+    .await;
+    let text = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            "poolgate_pool_refusals_total{pool=\"default\",code=\"pool-exhausted\"}"
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    let client = gw.client();
+    let slow = tokio::spawn({
+        let client = client.clone();
+        let url = origin.url("/slow");
+        async move { client.get(url).send().await.unwrap().status() }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let resp = client.get(origin.url("/refused")).send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["x-pool-error"], "pool-exhausted");
+    assert_eq!(slow.await.unwrap(), 200);
+    let text = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            "poolgate_pool_refusals_total{pool=\"default\",code=\"pool-exhausted\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    let lines = lines(&path, 2).await;
+    let refused: Value = lines
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["status"] == 503)
+        .unwrap();
+    assert_eq!(refused["outcome"], "gateway-error");
+    assert_eq!(refused["error"], "pool-exhausted");
+    assert_eq!(refused["pool"], "default");
+    assert!(refused["upstream"].is_null());
+}

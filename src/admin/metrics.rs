@@ -4,8 +4,8 @@
 
 use crate::admin::status::Status;
 use crate::metrics::{
-    Labels, Metrics, PoolLabel, ProbeLabels, SourceLabels, StateLabels, StatusFamily, StoreLabels,
-    TargetLabels, UpstreamLabels, rate_labels,
+    Labels, Metrics, PoolLabel, ProbeLabels, RefusalLabels, SourceLabels, StateLabels,
+    StatusFamily, StoreLabels, TargetLabels, UpstreamLabels, rate_labels,
 };
 use crate::ratelimit::Scope;
 
@@ -142,6 +142,14 @@ impl Metrics {
                 let labels = rate_labels(&p.name, scope);
                 drop(self.rate_limited.get_or_create(&labels));
                 drop(self.rate_limit_waits.get_or_create(&labels));
+            }
+            // The refusals alerts watch, from the start at 0, so their rate is defined before
+            // the first one.
+            for code in ["pool-exhausted", "no-upstream-available"] {
+                drop(self.refusals.get_or_create(&RefusalLabels {
+                    pool: p.name.clone(),
+                    code,
+                }));
             }
         }
         self.status_series.set(status_families(status));

@@ -206,14 +206,18 @@ where
     Fut: Future<Output = Result<T, ConnectError>>,
 {
     // Once per request (a CONNECT tunnel is one request), not once per attempt.
-    select::admit_user(gw, route).await?;
+    let refused = |e: &ProxyError| gw.metrics.pool_refused(route.pool.name(), e.code());
+    select::admit_user(gw, route).await.inspect_err(refused)?;
     let mut tried: Vec<UpstreamId> = Vec::new();
     let mut last: Option<(UpstreamId, ConnectError)> = None;
     for _ in 0..=route.pool.config.retries {
         let lease = match select::acquire(gw, route, &tried).await {
             Ok(lease) => lease,
             Err(ProxyError::NoUpstream) if last.is_some() => break,
-            Err(e) => return Err(e),
+            Err(e) => {
+                refused(&e);
+                return Err(e);
+            }
         };
         let (Some(upstream), Some(grant)) = (lease.upstream().cloned(), lease.grant().cloned())
         else {
