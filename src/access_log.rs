@@ -348,16 +348,7 @@ fn version_str(v: http::Version) -> &'static str {
 /// the gateway answered itself without an exchange that judged anything.
 pub fn class(outcome: Option<Outcome>, error: Option<&'static str>) -> &'static str {
     match (outcome, error) {
-        (Some(o), _) if o.is_judgement() => match o {
-            Outcome::Ok => "ok",
-            Outcome::ConnectError | Outcome::Timeout | Outcome::Reset | Outcome::UpstreamError => {
-                "proxy-fault"
-            }
-            Outcome::Blocked => "origin-ban",
-            Outcome::Captcha => "captcha",
-            Outcome::OriginError => "origin-error",
-            Outcome::Cancelled => "cancelled",
-        },
+        (Some(o), _) if o.is_judgement() => o.class(),
         (_, Some(_)) => "gateway-error",
         (Some(_), None) => "cancelled",
         (None, None) => "ok",

@@ -52,6 +52,23 @@ pub struct StartOptions {
     pub proxy_threads: usize,
 }
 
+/// Closes the history's current bucket: each pool's byte totals and upstreams by state.
+pub fn history_tick(gw: &Gateway) {
+    let pools = gw.pools.load_full();
+    let gauges = pools
+        .iter()
+        .map(|p| crate::history::PoolGauges {
+            name: p.name().to_string(),
+            bytes: gw.meter.pool(p.name()),
+            states: p.health.view().counts_by_state,
+        })
+        .collect();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    gw.metrics.history.close(t, gauges);
+}
+
 /// How often cool-downs are checked; the granularity of a quarantine's end.
 const HEALTH_TICK_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -277,6 +294,17 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             }
         }
     });
+    let historian = gw.clone();
+    listeners.spawn(async move {
+        let every = Duration::from_secs(crate::history::BUCKET_SECS);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => history_tick(&historian),
+                _ = historian.shutdown.cancelled() => break,
+            }
+        }
+    });
     let runner = options.probe_runner.unwrap_or_else(|| {
         Arc::new(crate::probe::prober::LiveRunner {
             connector: gw.connector.clone(),
@@ -385,6 +413,11 @@ impl Running {
     /// Leases still live in the store, over every pool (0 after a clean shutdown).
     pub async fn leases_live(&self) -> u64 {
         leases_live(&self.gw).await
+    }
+
+    /// Closes the history's current bucket now (the 10-second tick does it otherwise).
+    pub fn sample_history(&self) {
+        history_tick(&self.gw);
     }
 
     /// Reopens the access log's file (what SIGUSR1 does, and SIGHUP besides reloading).

@@ -17,7 +17,8 @@
 //!   script of `lua/` per decision); [`health`] ([`health::classify`], [`health::state`] the
 //!   per-upstream state machine, [`health::blame`] per-target stats and incidents,
 //!   [`health::engine`]); [`ratelimit`]; [`auth`]; [`accounting`]; [`meter`] (bytes per member, pool, user);
-//!   [`access_log`] (a line per request, written off the request path); [`metrics`]; [`probe`]
+//!   [`access_log`] (a line per request, written off the request path); [`history`] (the last
+//!   hour in 10-second buckets); [`metrics`]; [`probe`]
 //!   ([`mod@probe::check`], [`probe::status`]); [`sources`] ([`sources::list`],
 //!   [`sources::fetch`]).
 //! - decisions: [`error`] (the one error type, no HTTP), [`admit`] (client allowlist, target
@@ -57,6 +58,7 @@ pub mod error;
 pub mod fast_map;
 pub mod feedback;
 pub mod health;
+pub mod history;
 pub mod intercept;
 pub mod limits;
 pub mod meter;

@@ -119,6 +119,8 @@ pub struct Metrics {
     pub(crate) refusals: Family<RefusalLabels, Counter>,
     /// The series read from the `/status` snapshot.
     pub(crate) status_series: std::sync::Arc<StatusSeries>,
+    /// The last hour in 10-second buckets, for `/status/history` and the dashboard.
+    pub history: crate::history::History,
     /// pool -> upstream -> its `requests` and `latency` series (see [`Metrics::record`]).
     pub(crate) exchanges: RwLock<FastMap<String, FastMap<String, MemberSeries>>>,
 }
@@ -176,6 +178,7 @@ impl Metrics {
             rate_limit_waits: Family::default(),
             refusals: Family::default(),
             status_series: Default::default(),
+            history: Default::default(),
             exchanges: RwLock::default(),
         };
         {
@@ -300,6 +303,7 @@ impl Metrics {
     /// label strings, two hashes and two family locks per exchange. (The two families are never
     /// cleared, so the kept series stay theirs.)
     pub fn record(&self, pool: &str, upstream: &str, outcome: Outcome, latency_s: f64) {
+        self.history.record(pool, outcome, latency_s);
         let record = |s: &MemberSeries| {
             s.outcomes[outcome.index()]
                 .get_or_init(|| {
