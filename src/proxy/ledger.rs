@@ -27,25 +27,20 @@ use crate::state::Gateway;
 /// The request's entry, when the access log is on; a copy rides in the request's extensions.
 pub fn begin<B>(gw: &Gateway, req: &mut Request<B>, peer: SocketAddr) -> Option<Arc<Entry>> {
     let log = gw.access_log.as_ref()?;
-    let target = req
-        .uri()
-        .authority()
-        .map(|a| match a.port_u16() {
-            Some(_) => a.as_str().to_string(),
-            None => {
-                let port = if req.uri().scheme_str() == Some("https") {
-                    443
-                } else {
-                    80
-                };
-                format!("{}:{port}", a.host())
-            }
-        })
-        // Never a userinfo part: only host and port.
-        .map(|t| t.rsplit('@').next().unwrap_or_default().to_string());
-    let entry = log.entry(peer, req.method(), req.version(), target);
+    let entry = log.entry(peer, req.method(), req.version(), host_port(req.uri()));
     req.extensions_mut().insert(entry.clone());
     Some(entry)
+}
+
+/// `host:port` of a request's target, its port filled in from the scheme; never a userinfo
+/// part, a path or a query.
+fn host_port(uri: &http::Uri) -> Option<String> {
+    let a = uri.authority()?;
+    let port = a.port_u16().unwrap_or(match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    });
+    Some(format!("{}:{port}", a.host()))
 }
 
 /// The request's entry with routing's decisions: user, session, pool.
@@ -136,5 +131,24 @@ impl<B: Body<Data = Bytes>> Body for Metered<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_is_host_and_port_only() {
+        let t = |s: &str| host_port(&s.parse().unwrap());
+        assert_eq!(t("http://a.test/x?q=secret"), Some("a.test:80".into()));
+        assert_eq!(
+            t("http://user:pw@a.test:8080/x"),
+            Some("a.test:8080".into())
+        );
+        assert_eq!(t("https://a.test/"), Some("a.test:443".into()));
+        assert_eq!(t("a.test:443"), Some("a.test:443".into()));
+        assert_eq!(t("http://[::1]:81/"), Some("[::1]:81".into()));
+        assert_eq!(t("/origin-form"), None);
     }
 }
