@@ -311,9 +311,9 @@ impl Drop for Entry {
         let f = std::mem::take(&mut *self.fields.lock().unwrap_or_else(|e| e.into_inner()));
         let bytes = f.tap.as_ref().map(|t| t.totals()).unwrap_or_default();
         let record = Record {
-            time: humantime::format_rfc3339_millis(self.at).to_string(),
-            client: self.client.to_string(),
-            user: f.user.map(|u| u.to_string()),
+            time: self.at,
+            client: self.client,
+            user: f.user,
             session: f.session,
             pool: f.pool,
             label: f.label,
@@ -328,7 +328,7 @@ impl Drop for Entry {
             bytes_down: bytes.down,
             duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
             retries: f.retries,
-            instance: self.log.instance_id.to_string(),
+            instance: self.log.instance_id.clone(),
         };
         self.log.send(record);
     }
@@ -359,10 +359,14 @@ pub fn class(outcome: Option<Outcome>, error: Option<&'static str>) -> &'static 
 /// "Access log").
 #[derive(Debug, Serialize)]
 pub struct Record {
-    /// When the request began, RFC 3339 UTC with milliseconds.
-    pub time: String,
-    pub client: String,
-    pub user: Option<String>,
+    /// When the request began; written RFC 3339 UTC with milliseconds (by the writer, off the
+    /// request path, as every other formatting).
+    #[serde(serialize_with = "rfc3339")]
+    pub time: SystemTime,
+    #[serde(serialize_with = "display")]
+    pub client: SocketAddr,
+    #[serde(serialize_with = "opt_str")]
+    pub user: Option<Arc<str>>,
     pub session: Option<String>,
     pub pool: Option<String>,
     pub label: Option<String>,
@@ -379,7 +383,23 @@ pub struct Record {
     pub bytes_down: u64,
     pub duration_ms: f64,
     pub retries: u32,
-    pub instance: String,
+    #[serde(serialize_with = "display")]
+    pub instance: Arc<str>,
+}
+
+fn opt_str<S: serde::Serializer>(v: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.serialize_some(&**v),
+        None => s.serialize_none(),
+    }
+}
+
+fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_rfc3339_millis(*t))
+}
+
+fn display<S: serde::Serializer>(v: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 impl Record {
@@ -395,15 +415,14 @@ impl Record {
             }
             AccessFormat::Combined => {
                 let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
-                let ip = self
-                    .client
-                    .parse::<SocketAddr>()
-                    .map_or_else(|_| self.client.clone(), |a| a.ip().to_string());
+                let user = self.user.as_deref().unwrap_or("-");
+                let time = humantime::format_rfc3339_millis(self.time).to_string();
                 let _ = write!(
                     out,
-                    "{ip} - {} [{}] \"{} {} {}\" {} {} \"-\" \"-\"",
-                    token(&dash(&self.user)),
-                    clf_time(&self.time),
+                    "{} - {} [{}] \"{} {} {}\" {} {} \"-\" \"-\"",
+                    self.client.ip(),
+                    token(user),
+                    clf_time(&time),
                     token(&self.method),
                     token(&dash(&self.target)),
                     self.version,
@@ -421,7 +440,7 @@ impl Record {
                     ("bytes_down", self.bytes_down.to_string()),
                     ("duration_ms", format!("{:.3}", self.duration_ms)),
                     ("retries", self.retries.to_string()),
-                    ("instance", self.instance.clone()),
+                    ("instance", self.instance.to_string()),
                 ] {
                     let _ = write!(out, " {key}={}", token(&value));
                 }
@@ -470,8 +489,8 @@ mod tests {
 
     fn record() -> Record {
         Record {
-            time: "2026-12-06T17:37:18.123Z".into(),
-            client: "127.0.0.1:5000".into(),
+            time: humantime::parse_rfc3339("2026-12-06T17:37:18.123Z").unwrap(),
+            client: "127.0.0.1:5000".parse().unwrap(),
             user: Some("alice".into()),
             session: Some("s1".into()),
             pool: Some("default".into()),
@@ -519,6 +538,10 @@ mod tests {
             assert!(v.get(key).is_some(), "{key} missing from {out}");
         }
         assert_eq!(v["bytes_down"], 4096);
+        assert_eq!(v["time"], "2026-12-06T17:37:18.123Z");
+        assert_eq!(v["client"], "127.0.0.1:5000");
+        assert_eq!(v["user"], "alice");
+        assert_eq!(v["instance"], "host-1-abcd");
         assert!(v["label"].is_null());
     }
 
