@@ -1,5 +1,6 @@
 //! `[log]` (the access log) and `[metrics]` (bounds on the exported series): what operators
-//! read besides `/status`. Both are read at start; a reload does not change them.
+//! read besides `/status`. `[log]` is fixed at start (a reload that changes it is refused);
+//! `[metrics]` follows the live config.
 
 use std::path::PathBuf;
 

@@ -76,7 +76,7 @@ pub struct Config {
     pub pools: BTreeMap<String, PoolConfig>,
     /// The pool used when a request names none.
     pub default_pool: String,
-    /// The access log (`[log]`); read at start only.
+    /// The access log (`[log]`); fixed at start.
     pub log: LogConfig,
     /// Bounds on exported series (`[metrics]`).
     pub metrics: MetricsConfig,
