@@ -9,7 +9,8 @@
 # Uses target/release/poolgate and the bench_fixture example (cargo build --release --bin poolgate
 # --example bench_fixture), wrk with bench/proxy.lua (64 keep-alive connections, 2 threads), the
 # fixture's origin (1 KiB bodies) and 8 fixture upstreams. Everything binds 127.0.0.1 and is stopped
-# on exit.
+# on exit. POOLGATE_BIN and FIXTURE_BIN name other builds of the two (a debug build measures the
+# code paths, not the release figures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=3
@@ -18,12 +19,12 @@ while [ $# -gt 0 ]; do
   case $1 in
     --runs) runs=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
-    *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
+    *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
   esac
 done
 target=${CARGO_TARGET_DIR:-target}
 poolgate=${POOLGATE_BIN:-$target/release/poolgate}
-fixture=$target/release/examples/bench_fixture
+fixture=${FIXTURE_BIN:-$target/release/examples/bench_fixture}
 for bin in "$poolgate" "$fixture"; do
   [ -x "$bin" ] || { echo "missing $bin: cargo build --release --bin poolgate --example bench_fixture" >&2; exit 1; }
 done
@@ -60,7 +61,7 @@ measure() {
   read -r port admin < <("$fixture" free-ports --count 2 | tr '\n' ' ')
   local log=""
   if [ "$1" = on ]; then
-    log=$'[log]\naccess = "'"$work"'/access.log"\naccess_format = "json"'
+    log=$(printf '[log]\naccess = "%s/access.log"\naccess_format = "json"' "$work")
   fi
   cat >"$work/gateway.toml" <<EOF
 [server]
