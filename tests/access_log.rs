@@ -485,3 +485,44 @@ async fn a_pool_exhausted_refusal_is_counted_and_logged_with_its_pool() {
     assert_eq!(refused["pool"], "default");
     assert!(refused["upstream"].is_null());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_reopens_its_access_log_on_sigusr1_and_sighup() {
+    use common::gateway::GatewayProcess;
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let gw = GatewayProcess::spawn(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         [policy]\nallow_private_targets = true\n\
+         [log]\naccess = {path:?}\n\
+         [pools.default]\nupstreams = [\"direct://\"]\n"
+    ))
+    .await;
+    let client = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::all(format!("http://{}", gw.proxy)).unwrap())
+        .build()
+        .unwrap();
+    let get = || async {
+        let resp = client.get(origin.url("/ok")).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    };
+    get().await;
+    lines(&path, 1).await;
+    for (i, signal) in ["USR1", "HUP"].into_iter().enumerate() {
+        let rotated = dir.path().join(format!("access.log.{i}"));
+        std::fs::rename(&path, &rotated).unwrap();
+        gw.signal(signal);
+        // The writer looks for a reopen at least every 250 ms.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        get().await;
+        assert_eq!(lines(&path, 1).await.len(), 1, "after SIG{signal}");
+        assert_eq!(
+            std::fs::read_to_string(&rotated).unwrap().lines().count(),
+            1,
+            "SIG{signal}: nothing more went to the moved file"
+        );
+    }
+    gw.signal("TERM");
+}
