@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The access log's cost: plain HTTP req/s through poolgate without an access log and with the JSON
 # access log to a file, measured alternately (off, on, off, on, ...) so that a machine whose load
-# drifts affects both alike. Prints each run and the ratio of the medians (on / off).
+# drifts affects both alike. Prints each run and the ratios of the medians (on / off) of req/s and
+# of the gateway's CPU time per request (steadier than req/s on a machine shared with other work).
 #
 #   bench/access_log.sh              # 3 runs of each, 10 s of wrk each after a 2 s warm-up
 #   bench/access_log.sh --runs 5 --seconds 5
@@ -58,7 +59,7 @@ upstreams=$(sed -n 's/^upstream=//p' "$work/pool.out" | sed 's/.*/"http:\/\/&"/'
 
 # measure MODE: req/s of one run.
 measure() {
-  read -r port admin < <("$fixture" free-ports --count 2 | tr '\n' ' ')
+  read -r port admin < <("$fixture" free-ports --count 2 | tr '\n' ' '; echo)
   local log=""
   if [ "$1" = on ]; then
     log=$(printf '[log]\naccess = "%s/access.log"\naccess_format = "json"' "$work")
@@ -81,8 +82,11 @@ EOF
     sleep 0.1
   done
   wrk -t2 -c64 -d2s -s bench/proxy.lua "http://127.0.0.1:$port/" -- "http://$origin/1k" >/dev/null
-  local out
+  local out t0 t1
+  t0=$(ticks "$gw")
   out=$(wrk -t2 -c64 -d"${seconds}s" -s bench/proxy.lua "http://127.0.0.1:$port/" -- "http://$origin/1k")
+  sleep 0.1
+  t1=$(ticks "$gw")
   kill "$gw"
   wait "$gw" 2>/dev/null || true
   local requests duration
@@ -92,19 +96,29 @@ EOF
     echo "access log: $(wc -l <"$work/access.log") lines" >&2
     rm -f "$work/access.log"
   fi
-  awk -v r="$requests" -v d="$duration" 'BEGIN { printf "%.0f", r / (d / 1e6) }'
+  # req/s, and the gateway's CPU per request (µs, user + system, its writer thread included).
+  awk -v r="$requests" -v d="$duration" -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { printf "%.0f %.1f\n", r / (d / 1e6), t * 1e6 / hz / r }'
 }
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
 off=()
 on=()
+off_cpu=()
+on_cpu=()
 for i in $(seq "$runs"); do
-  a=$(measure off)
-  b=$(measure on)
-  echo "run $i: off $a req/s, on $b req/s"
+  read -r a a_cpu < <(measure off)
+  read -r b b_cpu < <(measure on)
+  echo "run $i: off $a req/s ($a_cpu µs CPU/request), on $b req/s ($b_cpu µs CPU/request)"
   off+=("$a")
   on+=("$b")
+  off_cpu+=("$a_cpu")
+  on_cpu+=("$b_cpu")
 done
 median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 m_off=$(median "${off[@]}")
 m_on=$(median "${on[@]}")
 awk -v a="$m_off" -v b="$m_on" 'BEGIN { printf "median req/s: without access log %.0f, with JSON access log to a file %.0f, ratio %.3f\n", a, b, b / a }'
+c_off=$(median "${off_cpu[@]}")
+c_on=$(median "${on_cpu[@]}")
+awk -v a="$c_off" -v b="$c_on" 'BEGIN { printf "median gateway CPU per request: without %.1f µs, with %.1f µs, ratio %.3f\n", a, b, b / a }'

@@ -4,7 +4,8 @@
 //! Lines are written off the request path. A request fills an [`Entry`] as it goes (routing,
 //! the upstream, the status, the outcome); the entry's last holder drops it (the handler, or the
 //! lease at release), which hands a [`Record`] to a bounded queue without waiting. A writer
-//! thread formats and writes the queue's lines, flushing whenever it runs dry. When the queue is
+//! thread formats and writes the queue's lines in batches, flushing each, and rests briefly after
+//! a batch that emptied the queue (so that a busy gateway does not wake it for every line). When the queue is
 //! full the line is dropped and counted ([`AccessLog::dropped`]): traffic never waits for the
 //! log. A file is reopened (for logrotate) when [`AccessLog::reopen`] is called: on SIGHUP and
 //! SIGUSR1 (see `crate::shutdown`).
@@ -30,6 +31,10 @@ use crate::outcome::Outcome;
 const WRITER_WAKE: Duration = Duration::from_millis(250);
 /// Lines written at most before a flush, when the queue keeps coming.
 const MAX_BATCH_LINES: usize = 1024;
+/// After a batch that emptied the queue, the writer rests this long before it looks again, so that
+/// under load lines gather into batches: one write per rest instead of a wake-up of the writer
+/// (and a system call) per request. A line is written at most this much later.
+const BATCH_PAUSE: std::time::Duration = Duration::from_millis(20);
 
 /// The access log's handle: the queue's sending side and its counters.
 pub struct AccessLog {
@@ -240,13 +245,16 @@ fn write_lines(rx: Receiver<Record>, mut sink: Sink, format: AccessFormat, count
         let Some(first) = first else { continue };
         let mut n = 0u64;
         let mut next = Some(first);
+        let mut drained = false;
         while let Some(record) = next {
             line.clear();
             record.format(format, &mut line);
             batch.extend_from_slice(line.as_bytes());
             n += 1;
             next = if n < MAX_BATCH_LINES as u64 {
-                rx.try_recv().ok()
+                let r = rx.try_recv().ok();
+                drained = r.is_none();
+                r
             } else {
                 None
             };
@@ -261,6 +269,9 @@ fn write_lines(rx: Receiver<Record>, mut sink: Sink, format: AccessFormat, count
             }
         };
         counts.pending.fetch_sub(n, Ordering::Relaxed);
+        if drained {
+            std::thread::sleep(BATCH_PAUSE);
+        }
     }
     let _ = sink.flush();
 }
