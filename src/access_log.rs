@@ -368,15 +368,12 @@ pub fn class(outcome: Option<Outcome>, error: Option<&'static str>) -> &'static 
 
 /// One line, as queued for the writer. Field names are a public contract (docs/operations.md,
 /// "Access log").
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub struct Record {
     /// When the request began; written RFC 3339 UTC with milliseconds (by the writer, off the
     /// request path, as every other formatting).
-    #[serde(serialize_with = "rfc3339")]
     pub time: SystemTime,
-    #[serde(serialize_with = "display")]
     pub client: SocketAddr,
-    #[serde(serialize_with = "opt_str")]
     pub user: Option<Arc<str>>,
     pub session: Option<String>,
     pub pool: Option<String>,
@@ -384,7 +381,7 @@ pub struct Record {
     pub upstream: Option<String>,
     pub target: Option<String>,
     pub method: String,
-    #[serde(skip)]
+    /// For the combined format's request line only.
     pub version: &'static str,
     /// The status the client got (0 when none was sent).
     pub status: u16,
@@ -394,23 +391,38 @@ pub struct Record {
     pub bytes_down: u64,
     pub duration_ms: f64,
     pub retries: u32,
-    #[serde(serialize_with = "display")]
     pub instance: Arc<str>,
 }
 
-fn opt_str<S: serde::Serializer>(v: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(v) => s.serialize_some(&**v),
-        None => s.serialize_none(),
+/// Appends `s` as a JSON string.
+fn json_str(out: &mut String, s: &str) {
+    use std::fmt::Write as _;
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
     }
+    out.push('"');
 }
 
-fn rfc3339<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(&humantime::format_rfc3339_millis(*t))
-}
-
-fn display<S: serde::Serializer>(v: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(v)
+/// Appends `,"key":` and the string or `null`.
+fn json_field(out: &mut String, key: &str, value: Option<&str>) {
+    out.push_str(",\"");
+    out.push_str(key);
+    out.push_str("\":");
+    match value {
+        Some(v) => json_str(out, v),
+        None => out.push_str("null"),
+    }
 }
 
 impl Record {
@@ -418,11 +430,32 @@ impl Record {
     pub fn format(&self, format: AccessFormat, out: &mut String) {
         use std::fmt::Write as _;
         match format {
+            // Written by hand rather than through serde: the writer thread formats every line, and
+            // this is a fixed shape of strings and numbers.
             AccessFormat::Json => {
-                // Serialising plain strings and numbers cannot fail.
-                if let Ok(json) = serde_json::to_string(self) {
-                    out.push_str(&json);
-                }
+                let _ = write!(
+                    out,
+                    "{{\"time\":\"{}\",\"client\":\"{}\"",
+                    humantime::format_rfc3339_millis(self.time),
+                    self.client
+                );
+                json_field(out, "user", self.user.as_deref());
+                json_field(out, "session", self.session.as_deref());
+                json_field(out, "pool", self.pool.as_deref());
+                json_field(out, "label", self.label.as_deref());
+                json_field(out, "upstream", self.upstream.as_deref());
+                json_field(out, "target", self.target.as_deref());
+                json_field(out, "method", Some(&self.method));
+                let _ = write!(out, ",\"status\":{}", self.status);
+                json_field(out, "outcome", Some(self.outcome));
+                json_field(out, "error", self.error);
+                let _ = write!(
+                    out,
+                    ",\"bytes_up\":{},\"bytes_down\":{},\"duration_ms\":{:.3},\"retries\":{}",
+                    self.bytes_up, self.bytes_down, self.duration_ms, self.retries
+                );
+                json_field(out, "instance", Some(&self.instance));
+                out.push('}');
             }
             AccessFormat::Combined => {
                 let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
@@ -524,7 +557,10 @@ mod tests {
     #[test]
     fn a_json_line_holds_every_field() {
         let mut out = String::new();
-        record().format(AccessFormat::Json, &mut out);
+        let mut r = record();
+        r.session = Some("quote\" back\\ nl\n tab\t bell\u{7} é".into());
+        r.format(AccessFormat::Json, &mut out);
+        assert_eq!(out.lines().count(), 1, "{out}");
         assert!(out.ends_with('\n'));
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         for key in [
@@ -553,6 +589,10 @@ mod tests {
         assert_eq!(v["client"], "127.0.0.1:5000");
         assert_eq!(v["user"], "alice");
         assert_eq!(v["instance"], "host-1-abcd");
+        assert_eq!(v["session"], "quote\" back\\ nl\n tab\t bell\u{7} é");
+        assert_eq!(v["duration_ms"], 12.5);
+        assert_eq!(v["status"], 200);
+        assert!(v["error"].is_null());
         assert!(v["label"].is_null());
     }
 
