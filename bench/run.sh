@@ -16,7 +16,8 @@
 #
 # Rows: plain HTTP through the proxy with wrk (absolute-form, 64 keep-alive connections, 2 threads)
 # → req/s, p50, p99; CONNECT setups/s (new connection + CONNECT + one request + close, 32 at a
-# time); MB/s through one tunnel; peak RSS of the proxy under the HTTP load (VmHWM); RSS per idle
+# time); MB/s through one tunnel; for poolgate, the same two through its SOCKS5 port (setups and
+# MB/s, against the ceiling's CONNECT figures, issue #34); peak RSS of the proxy under the HTTP load (VmHWM); RSS per idle
 # tunnel with 10,000 tunnels open (VmRSS before and after, on a freshly started proxy); Redis
 # commands sent per request (scripts count once; MONITOR during a short extra load) and Redis
 # calls per request including those scripts make (INFO commandstats around the HTTP load).
@@ -186,7 +187,7 @@ ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 per_unit_us() { awk -v t="$1" -v n="$2" -v hz="$clk_tck" 'BEGIN { if (n > 0) printf "%.1f", t * 1e6 / hz / n }'; }
 
 # Time budget for everything after the build: a watchdog ends the script past it.
-per_target=$((warm_s + http_s + connect_s + bulk_s + 120))
+per_target=$((warm_s + http_s + 2 * connect_s + 2 * bulk_s + 120))
 budget=$((runs * 4 * per_target + 120 + micro * 900))
 bash -c 'sleep "$1" & s=$!; trap "kill \$s 2>/dev/null; exit 0" TERM; wait $s;
          echo "bench: time budget of $1 s exceeded, stopping" >&2; kill -TERM "$2"' \
@@ -293,7 +294,8 @@ start_proxy() {
       proxy_addr=127.0.0.1:$port
       ;;
     memory | redis)
-      read -r port admin < <(free_ports 2 | tr '\n' ' ')
+      local socks
+      read -r port admin socks < <(free_ports 3 | tr '\n' ' ')
       local store="kind = \"memory\""
       if [ "$column" = redis ]; then
         store="kind = \"redis\""$'\n'"url = \"redis://127.0.0.1:${redis_port:-6379}\""
@@ -304,6 +306,7 @@ start_proxy() {
 [server]
 listen = "127.0.0.1:$port"
 admin_listen = "127.0.0.1:$admin"
+socks_listen = "127.0.0.1:$socks"
 max_connections = $((tunnels + 10000))
 shutdown_grace = "1s"
 
@@ -332,6 +335,7 @@ EOF
         write_gateway_config
       fi
       proxy_admin=127.0.0.1:$admin
+      proxy_socks=127.0.0.1:$socks
       POOLGATE_LOG=warn start "$column-$launch" "$poolgate" --config "$dir/gateway.toml"
       proxy_pid=$started
       proxy_addr=127.0.0.1:$port
@@ -451,6 +455,26 @@ measure_bulk() { # MB/s through one tunnel
   fi
 }
 
+measure_socks() { # SOCKS5 setups and MB/s through one SOCKS5 tunnel (poolgate's columns only)
+  local column=$1 out errors
+  [ -n "$proxy_socks" ] || return 0
+  if out=$(timeout $((connect_s + 30)) "$fixture" connect-load --socks --proxy "$proxy_socks" \
+    --target "$origin" --concurrency "$connect_concurrency" --duration "${connect_s}s"); then
+    record "$column" socks_connect_per_s "$(json_field setups_per_s "$out")"
+    record "$column" socks_connect_p99_ms "$(json_field p99_ms "$out")"
+    errors=$(json_field errors "$out")
+    [ "${errors:-0}" = 0 ] || note "$column" "run $run: $errors SOCKS5 setups failed, first: $(json_field first_error "$out")"
+  else
+    note "$column" "run $run: SOCKS5 connect-load failed or timed out"
+  fi
+  if out=$(timeout $((bulk_s + 30)) "$fixture" bulk --socks --proxy "$proxy_socks" \
+    --target "$tunnel_src" --duration "${bulk_s}s"); then
+    record "$column" socks_tunnel_mb_s "$(json_field mb_per_s "$out")"
+  else
+    note "$column" "run $run: SOCKS5 bulk transfer failed or timed out"
+  fi
+}
+
 measure_idle() { # RSS per idle tunnel on a freshly started proxy
   local column=$1 before after out holder
   sleep 0.5
@@ -485,8 +509,8 @@ columns=()
 for column in direct squid memory redis; do
   case ",$only," in *",$column,"*) columns+=("$column") ;; esac
 done
-declare -A pid_of addr_of admin_of
-use() { proxy_pid=${pid_of[$1]} proxy_addr=${addr_of[$1]} proxy_admin=${admin_of[$1]:-}; }
+declare -A pid_of addr_of admin_of socks_of
+use() { proxy_pid=${pid_of[$1]} proxy_addr=${addr_of[$1]} proxy_admin=${admin_of[$1]:-} proxy_socks=${socks_of[$1]:-}; }
 # A column that was skipped once (the Redis store not built yet) is not retried.
 skipped() { grep -q "^note	$1	skipped" "$raw"; }
 
@@ -497,12 +521,13 @@ for run in $(seq "$runs"); do
   for column in "${order[@]}"; do
     skipped "$column" && continue
     log "run $run/$runs: starting $column"
-    proxy_admin=""
+    proxy_admin="" proxy_socks=""
     start_proxy "$column" || continue
     pid_of[$column]=$proxy_pid addr_of[$column]=$proxy_addr admin_of[$column]=$proxy_admin
+    socks_of[$column]=$proxy_socks
     live+=("$column")
   done
-  for measure in http connect bulk; do
+  for measure in http connect bulk socks; do
     for column in "${live[@]}"; do
       log "run $run/$runs: $measure, $column"
       use "$column"

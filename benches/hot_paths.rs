@@ -189,12 +189,26 @@ fn memory_store_strategy(
             .expect("configure the pool");
         // Some leases stay held, as under load: selection must see past them.
         let held: Vec<_> = (0..n.min(64))
-            .map(|_| rt.block_on(store.acquire("bench", Want::Any { exclude: &[] })))
+            .map(|_| {
+                rt.block_on(store.acquire(
+                    "bench",
+                    Want::Any {
+                        exclude: &[],
+                        within: None,
+                    },
+                ))
+            })
             .collect();
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.to_async(rt).iter(|| async {
                 let acquired = store
-                    .acquire("bench", Want::Any { exclude: &[] })
+                    .acquire(
+                        "bench",
+                        Want::Any {
+                            exclude: &[],
+                            within: None,
+                        },
+                    )
                     .await
                     .expect("acquire");
                 let Acquired::Granted(grant) = acquired else {

@@ -73,7 +73,15 @@ async fn run(store: Arc<AnyStore>, tasks: usize, seconds: u64) -> Result<u64, Bo
                     // The memory store never waits: let the other loops run.
                     tokio::task::yield_now().await;
                 }
-                let Acquired::Granted(g) = store.acquire(POOL, Want::Any { exclude: &[] }).await?
+                let Acquired::Granted(g) = store
+                    .acquire(
+                        POOL,
+                        Want::Any {
+                            exclude: &[],
+                            within: None,
+                        },
+                    )
+                    .await?
                 else {
                     return Err::<(), BoxError>("no grant without a cap".into());
                 };

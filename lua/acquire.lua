@@ -19,7 +19,9 @@
 -- KEYS[8]  sessions  ZSET    session key -> expiry (ms); only counts sessions for status
 -- KEYS[9]  instances ZSET    instance -> deadline (ms) of its report (see report.lua)
 -- KEYS[10] held      HASH    instance -> its unlisted leases, "<count> <upstream>" lines
--- KEYS[11] sess      STRING  the session's upstream, PX = session TTL (session mode only)
+-- KEYS[11] sess      STRING  the session's upstream, PX = session TTL (session modes only)
+-- KEYS[11] subset    ZSET    a label filter's members -> allocations through the filter
+--                            (within mode; KEYS[12] in session-within mode)
 --
 -- ARGV[1]  now (ms)           ARGV[2]  lease id (chosen by the caller, unique), or "-"
 -- ARGV[3]  lease deadline (ms, after now)   ARGV[4]  cap: live leases per upstream (0 = none)
@@ -36,12 +38,25 @@
 --                       Redis pays the per-call cost once for all of them.
 --   session: ARGV[8] session TTL (ms)  ARGV[9] rebind (0|1)  ARGV[10] session key
 --            ARGV[11..] preferred upstreams, in consistent-hash order
+--   within:  an `any` among the members of a label filter's subset only. ARGV[8] count e of
+--            upstreams to exclude, ARGV[9..8+e] those, then the subset's members: sent when the
+--            caller has not seen the subset created (it is made from them when missing; with
+--            none, a missing subset replies {"nosubset"}).
+--   session-within: a session inside a label filter: ARGV[8..10] as session, ARGV[11] count p
+--            of preferred upstreams, ARGV[12..11+p] those, then the subset's members as for
+--            within. A bound upstream outside the subset is treated as one that left the pool.
+--
+-- A subset is named by its filter and a digest of its members, so a membership or label change
+-- makes a new one; an unused one expires after SUBSET_TTL. Inside a subset least-used counts the
+-- allocations made through it (its ZSET's scores); round-robin keeps its cursor in the meta hash
+-- under `rr:<subset key>`.
 --
 -- Returns  {"granted", upstream, bound_now "0"|"1"}
 --        | {"cap", earliest lease deadline (ms) or "-1"}   every candidate is at its cap
 --        | {"unavailable", upstream}                      the session's upstream cannot serve it
 --        | {"none"}                                       no eligible candidate at all
 --        | {"unconfigured"}                               the pool's state is missing (a reset)
+--        | {"nosubset"}                                   the subset is missing: send its members
 --
 -- A lease id "-" asks for an unlisted lease: the grant counts the allocation and records
 -- nothing else. Gateways take unlisted leases where nothing on the hot path reads lease records:
@@ -74,7 +89,11 @@ if strategy ~= 'least-used' and strategy ~= 'weighted' and strategy ~= 'least-co
   return redis.error_reply('ERR acquire: unknown strategy')
 end
 local sess_ttl, sess_ttl_s, rebind, skey
-if mode == 'session' then
+-- The ARGV ranges of the preferred upstreams, the excluded ones and a subset's members.
+local pref_first, pref_last = 11, #ARGV
+local excl_first, excl_last = 8, #ARGV
+local sub, sub_first = nil, #ARGV + 1
+if mode == 'session' or mode == 'session-within' then
   sess_ttl = tonumber(ARGV[8])
   sess_ttl_s = ARGV[8]
   rebind = ARGV[9] == '1'
@@ -82,6 +101,25 @@ if mode == 'session' then
   if #KEYS < 11 or not sess_ttl or sess_ttl <= 0 or not skey or skey == '' then
     return redis.error_reply('ERR acquire: bad session arguments')
   end
+  if mode == 'session-within' then
+    local p = tonumber(ARGV[11])
+    if #KEYS < 12 or not p or p < 0 or 11 + p > #ARGV then
+      return redis.error_reply('ERR acquire: bad session-within arguments')
+    end
+    sub = KEYS[12]
+    pref_first, pref_last = 12, 11 + p
+    sub_first = 12 + p
+    mode = 'session'
+  end
+elseif mode == 'within' then
+  local e = tonumber(ARGV[8])
+  if #KEYS < 11 or not e or e < 0 or 8 + e > #ARGV then
+    return redis.error_reply('ERR acquire: bad within arguments')
+  end
+  sub = KEYS[11]
+  excl_first, excl_last = 9, 8 + e
+  sub_first = 9 + e
+  mode = 'any'
 elseif mode == 'many' then
   if #ARGV < 8 then
     return redis.error_reply('ERR acquire: no lease ids')
@@ -107,6 +145,27 @@ end
 
 local CHUNK = 64
 local PURGE_MAX = '1000'
+local SUBSET_TTL = '86400000'
+
+-- A missing subset is made from the members the caller sent; without them the caller is asked.
+if sub and redis.call('EXISTS', sub) == 0 then
+  if sub_first > #ARGV then
+    return {'nosubset'}
+  end
+  local batch = {}
+  for i = sub_first, #ARGV do
+    batch[#batch + 1] = '0'
+    batch[#batch + 1] = ARGV[i]
+    if #batch >= 1000 then
+      redis.call('ZADD', sub, unpack(batch))
+      batch = {}
+    end
+  end
+  if #batch > 0 then
+    redis.call('ZADD', sub, unpack(batch))
+  end
+  redis.call('PEXPIRE', sub, SUBSET_TTL)
+end
 
 -- An index range for ZRANGE as strings (see above: no float formatting).
 local function range(first, count)
@@ -208,6 +267,9 @@ local function count_allocation(up, m)
     m.s = m.s + math.max(m.c, 1)
     redis.call('HSET', KEYS[2], up, encode(m))
   end
+  if sub and mode == 'any' and (strategy == 'least-used' or strategy == 'weighted') then
+    redis.call('ZINCRBY', sub, m.step, up)
+  end
 end
 
 -- Leases `up` and counts the allocation. The lease id is claimed first, so an id in use gets nil
@@ -235,6 +297,10 @@ if mode == 'session' then
   local bound = redis.call('GET', KEYS[11])
   if bound then
     local m = state_of(bound)
+    -- A member whose labels no longer match left the filter: as if it left the pool.
+    if m and sub and not redis.call('ZSCORE', sub, bound) then
+      m = nil
+    end
     if m and m.k then
       -- No teleporting: a live binding keeps its upstream, even a degraded or quarantined one.
       if at_cap(bound) then
@@ -255,7 +321,7 @@ if mode == 'session' then
   -- A new binding: the first preferred member in service that has room. One at its cap is no
   -- candidate; only when every eligible one is at its cap does the session wait.
   local capped = false
-  for i = 11, #ARGV do
+  for i = pref_first, pref_last do
     local up = ARGV[i]
     local m = state_of(up)
     if m and m.e and at_cap(up) then
@@ -299,7 +365,75 @@ local function each_member(zset, visit)
   end
 end
 
+-- A plain acquire among a subset's members: its ZSET is walked instead of the pool's, and a
+-- member out of service, which stays in it, is passed over.
+local function pick_within()
+  local saw = false
+  if strategy == 'least-used' or strategy == 'weighted' then
+    local granted = each_member(sub, function(up, m)
+      if not m.e then return nil end
+      saw = true
+      if not at_cap(up) then
+        return grant(up, m, '0') or in_use()
+      end
+    end)
+    if granted then return granted end
+  elseif strategy == 'least-connections' then
+    local best, best_m, best_key
+    each_member(sub, function(up, m)
+      if not m.e then return nil end
+      saw = true
+      local l = live(up)
+      if cap == 0 or l < cap then
+        local key = {l * math.max(m.c, 1), tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s),
+                     tonumber(redis.call('ZSCORE', KEYS[4], up) or '0')}
+        if not best or key[1] < best_key[1] or (key[1] == best_key[1] and (key[2] < best_key[2]
+            or (key[2] == best_key[2] and key[3] < best_key[3]))) then
+          best, best_m, best_key = up, m, key
+        end
+      end
+    end)
+    if best then return grant(best, best_m, '0') or in_use() end
+  else
+    -- Round-robin over the subset in member-id order (its scores stay 0), from its cursor.
+    local field = 'rr:' .. sub
+    local n = redis.call('ZCARD', sub)
+    local cursor = tonumber(redis.call('HGET', KEYS[1], field) or '0') or 0
+    if cursor >= n then cursor = 0 end
+    local step = 0
+    while step < n do
+      local idx = (cursor + step) % n
+      local stop = math.min(idx + CHUNK - 1, n - 1, idx + (n - step) - 1)
+      local lo, hi = range(idx, stop - idx + 1)
+      local batch = redis.call('ZRANGE', sub, lo, hi)
+      if #batch == 0 then break end
+      for j, up in ipairs(batch) do
+        step = step + 1
+        if not exclude[up] then
+          local m = state_of(up)
+          if m and m.e then
+            saw = true
+            if not at_cap(up) then
+              local granted = grant(up, m, '0')
+              if not granted then return in_use() end
+              redis.call('HSET', KEYS[1], field, string.format('%d', (idx + j) % n))
+              return granted
+            end
+          end
+        end
+      end
+    end
+  end
+  if saw then
+    return cap_reply()
+  end
+  return {'none'}
+end
+
 local function pick()
+  if sub then
+    return pick_within()
+  end
   local saw = false
 
   if strategy == 'least-used' or strategy == 'weighted' then
@@ -476,7 +610,7 @@ if mode == 'many' then
   end
   return replies
 end
-for i = 8, #ARGV do
+for i = excl_first, excl_last do
   exclude[ARGV[i]] = true
 end
 return pick()

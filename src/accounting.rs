@@ -10,6 +10,11 @@
 //!
 //! Requests hyper itself refuses before the service (unparseable heads, oversized heads, header
 //! timeouts) never become accepted; connection refusals are counted apart.
+//!
+//! Each request and tunnel is also counted by the front door it came in by ([`Door`]): a SOCKS5
+//! connection is one request (accepted once its request is read), completed when its success
+//! reply is sent. SOCKS5 replies are counted by code, and handshakes that never got to a request
+//! (malformed, refused logins, too slow) apart.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +23,65 @@ use serde::Serialize;
 
 use crate::limits::EndGuard;
 use crate::per_thread::PerThread;
+use crate::socks5::Reply;
+
+/// The front door a request came in by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    /// The HTTP proxy port (`server.listen`).
+    Http,
+    /// The SOCKS5 port (`server.socks_listen`).
+    Socks5,
+}
+
+impl Door {
+    pub const ALL: [Door; 2] = [Door::Http, Door::Socks5];
+
+    /// Stable name for logs, `/status` and the `door` label of `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Door::Http => "http",
+            Door::Socks5 => "socks5",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Door::Http => 0,
+            Door::Socks5 => 1,
+        }
+    }
+}
+
+/// A count per front door.
+#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct DoorCounts {
+    pub http: u64,
+    pub socks5: u64,
+}
+
+impl DoorCounts {
+    pub fn get(&self, door: Door) -> u64 {
+        match door {
+            Door::Http => self.http,
+            Door::Socks5 => self.socks5,
+        }
+    }
+
+    fn slot(&mut self, door: Door) -> &mut u64 {
+        match door {
+            Door::Http => &mut self.http,
+            Door::Socks5 => &mut self.socks5,
+        }
+    }
+
+    fn load(counts: &[AtomicU64; 2]) -> Self {
+        DoorCounts {
+            http: counts[Door::Http.index()].load(Ordering::SeqCst),
+            socks5: counts[Door::Socks5.index()].load(Ordering::SeqCst),
+        }
+    }
+}
 
 /// How an accepted request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +101,8 @@ pub struct RequestCounts {
     /// Plain requests whose head was sent to an upstream (not part of the sum above): an
     /// upstream never parses more requests than this.
     pub forwarded: u64,
+    /// `accepted` by front door.
+    pub by_door: DoorCounts,
 }
 
 /// The gateway's traffic counters.
@@ -44,6 +110,12 @@ pub struct Counters {
     requests: PerThread<Mutex<RequestCounts>>,
     tunnels_open: AtomicU64,
     tunnels_total: AtomicU64,
+    tunnels_open_by_door: [AtomicU64; 2],
+    tunnels_by_door: [AtomicU64; 2],
+    /// SOCKS5 replies sent to requests, by code (indexed by the code).
+    socks5_replies: [AtomicU64; 9],
+    /// SOCKS5 handshakes that ended before a request was read.
+    socks5_handshakes_failed: AtomicU64,
 }
 
 impl Counters {
@@ -53,6 +125,10 @@ impl Counters {
             requests: PerThread::new(threads, Default::default),
             tunnels_open: AtomicU64::new(0),
             tunnels_total: AtomicU64::new(0),
+            tunnels_open_by_door: Default::default(),
+            tunnels_by_door: Default::default(),
+            socks5_replies: Default::default(),
+            socks5_handshakes_failed: AtomicU64::new(0),
         })
     }
 
@@ -63,12 +139,13 @@ impl Counters {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts a request as accepted; the ticket settles it.
-    pub fn accept(self: &Arc<Self>) -> Ticket {
+    /// Counts a request that came in by `door` as accepted; the ticket settles it.
+    pub fn accept(self: &Arc<Self>, door: Door) -> Ticket {
         let part = self.requests.index_here();
         let mut c = self.lock(part);
         c.accepted += 1;
         c.in_flight += 1;
+        *c.by_door.slot(door) += 1;
         Ticket {
             counters: Some(self.clone()),
             part,
@@ -106,15 +183,56 @@ impl Counters {
             sum.failed += c.failed;
             sum.in_flight += c.in_flight;
             sum.forwarded += c.forwarded;
+            for door in Door::ALL {
+                *sum.by_door.slot(door) += c.by_door.get(door);
+            }
         }
         sum
     }
 
-    /// Counts a tunnel as open until the guard is dropped.
-    pub fn tunnel(self: &Arc<Self>) -> TunnelGuard {
+    /// Counts a tunnel of a client that came in by `door` as open until the guard is dropped.
+    pub fn tunnel(self: &Arc<Self>, door: Door) -> TunnelGuard {
         self.tunnels_open.fetch_add(1, Ordering::SeqCst);
         self.tunnels_total.fetch_add(1, Ordering::Relaxed);
-        TunnelGuard(self.clone())
+        self.tunnels_open_by_door[door.index()].fetch_add(1, Ordering::SeqCst);
+        self.tunnels_by_door[door.index()].fetch_add(1, Ordering::SeqCst);
+        TunnelGuard(self.clone(), door)
+    }
+
+    /// Tunnels since start, by front door.
+    pub fn tunnels_by_door(&self) -> DoorCounts {
+        DoorCounts::load(&self.tunnels_by_door)
+    }
+
+    /// Tunnels open now, by front door.
+    pub fn tunnels_open_by_door(&self) -> DoorCounts {
+        DoorCounts::load(&self.tunnels_open_by_door)
+    }
+
+    /// Counts a SOCKS5 reply sent to a request.
+    pub fn socks5_reply(&self, reply: Reply) {
+        self.socks5_replies[usize::from(reply.code())].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// SOCKS5 replies since start, by code.
+    pub fn socks5_replies(&self) -> Vec<(Reply, u64)> {
+        Reply::ALL
+            .iter()
+            .map(|r| {
+                let n = self.socks5_replies[usize::from(r.code())].load(Ordering::Relaxed);
+                (*r, n)
+            })
+            .collect()
+    }
+
+    /// Counts a SOCKS5 handshake that ended before its request was read.
+    pub fn socks5_handshake_failed(&self) {
+        self.socks5_handshakes_failed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn socks5_handshakes_failed(&self) -> u64 {
+        self.socks5_handshakes_failed.load(Ordering::Relaxed)
     }
 
     pub fn tunnels_open(&self) -> u64 {
@@ -158,11 +276,12 @@ impl EndGuard for Ticket {
     }
 }
 
-pub struct TunnelGuard(Arc<Counters>);
+pub struct TunnelGuard(Arc<Counters>, Door);
 
 impl Drop for TunnelGuard {
     fn drop(&mut self) {
         self.0.tunnels_open.fetch_sub(1, Ordering::SeqCst);
+        self.0.tunnels_open_by_door[self.1.index()].fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -176,8 +295,8 @@ mod tests {
         let on = |home: usize, c: Arc<Counters>| {
             std::thread::spawn(move || {
                 crate::per_thread::set_home(home);
-                let kept = c.accept();
-                c.accept().finish(End::Completed);
+                let kept = c.accept(Door::Http);
+                c.accept(Door::Http).finish(End::Completed);
                 c.forwarded();
                 kept
             })
@@ -204,6 +323,7 @@ mod tests {
                 failed: 1,
                 in_flight: 0,
                 forwarded: 2,
+                by_door: DoorCounts { http: 4, socks5: 0 },
             }
         );
     }
@@ -211,10 +331,10 @@ mod tests {
     #[test]
     fn every_ticket_ends_once_and_the_sum_holds() {
         let c = Counters::new(0);
-        let a = c.accept();
-        let b = c.accept();
-        let d = c.accept();
-        let e = c.accept();
+        let a = c.accept(Door::Http);
+        let b = c.accept(Door::Socks5);
+        let d = c.accept(Door::Http);
+        let e = c.accept(Door::Socks5);
         a.finish(End::Completed);
         b.finish(End::Rejected);
         drop(d);
@@ -228,6 +348,7 @@ mod tests {
                 failed: 1,
                 in_flight: 1,
                 forwarded: 0,
+                by_door: DoorCounts { http: 2, socks5: 2 },
             }
         );
         e.end(true);

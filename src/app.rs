@@ -137,6 +137,8 @@ pub enum StartError {
 /// A started gateway.
 pub struct Running {
     pub proxy_addr: SocketAddr,
+    /// The SOCKS5 port, when `server.socks_listen` is set.
+    pub socks_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     gw: Arc<Gateway>,
     listeners: tokio::task::JoinSet<()>,
@@ -207,9 +209,36 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         ProxyListener::Workers(ls) => ls[0].local_addr().map_err(listen_failed)?,
     };
     let admin_addr = local_addr("server.admin_listen", &admin_listener)?;
+    // The SOCKS5 port is served where the proxy port is: on this runtime, or by the workers.
+    let socks_listener = match server.socks_listen {
+        None => None,
+        Some(addr) if options.proxy_threads == 0 => Some(ProxyListener::Here(
+            bind("server.socks_listen", addr).await?,
+        )),
+        Some(addr) => Some(ProxyListener::Workers(
+            workers::bind(addr, options.proxy_threads).map_err(|source| StartError::Bind {
+                key: "server.socks_listen",
+                addr,
+                source,
+            })?,
+        )),
+    };
+    let socks_addr = match &socks_listener {
+        None => None,
+        Some(ProxyListener::Here(l)) => Some(local_addr("server.socks_listen", l)?),
+        Some(ProxyListener::Workers(ls)) => {
+            Some(ls[0].local_addr().map_err(|source| StartError::Bind {
+                key: "server.socks_listen",
+                addr: server.socks_listen.unwrap_or(server.listen),
+                source,
+            })?)
+        }
+    };
+    // The gateway's own listeners are never a target.
+    let own = [Some(proxy_addr), Some(admin_addr), socks_addr];
     let policy = Arc::new(ArcSwap::from_pointee(TargetPolicy::new(
         config.policy.clone(),
-        vec![proxy_addr, admin_addr],
+        own.into_iter().flatten().collect(),
     )));
     let guard_policy = policy.clone();
     let mut connector = Connector::new(
@@ -260,6 +289,18 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     });
 
     let mut listeners = tokio::task::JoinSet::new();
+    let (socks_here, socks_workers) = match socks_listener {
+        Some(ProxyListener::Here(l)) => (Some(l), Vec::new()),
+        Some(ProxyListener::Workers(ls)) => (None, ls),
+        None => (None, Vec::new()),
+    };
+    if let Some(listener) = socks_here {
+        listeners.spawn(server::serve_streams(
+            gw.clone(),
+            listener,
+            proxy::socks::handle,
+        ));
+    }
     let workers = match proxy_listener {
         ProxyListener::Here(listener) => {
             listeners.spawn(server::serve(
@@ -271,7 +312,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             None
         }
         ProxyListener::Workers(sockets) => {
-            let (workers, stopped) = workers::start(&gw, sockets)
+            let (workers, stopped) = workers::start(&gw, sockets, socks_workers)
                 .await
                 .map_err(StartError::Workers)?;
             listeners.spawn(stopped);
@@ -325,6 +366,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     });
     tracing::info!(
         proxy = %proxy_addr,
+        socks = socks_addr.map(|a| a.to_string()).as_deref().unwrap_or("off"),
         admin = %admin_addr,
         store = gw.store.kind(),
         proxy_threads = options.proxy_threads,
@@ -334,6 +376,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     );
     Ok(Running {
         proxy_addr,
+        socks_addr,
         admin_addr,
         gw,
         listeners,
@@ -341,7 +384,8 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     })
 }
 
-/// The proxy port: served on the caller's runtime, or by worker threads with a socket each.
+/// A proxy port (HTTP or SOCKS5): served on the caller's runtime, or by worker threads with a
+/// socket each.
 enum ProxyListener {
     Here(TcpListener),
     Workers(Vec<std::net::TcpListener>),

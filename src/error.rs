@@ -67,6 +67,9 @@ pub enum ProxyError {
     PoolExhausted,
     #[error("no upstream of the pool is available")]
     NoUpstream,
+    /// No member of the pool has the labels the request asked for.
+    #[error("no upstream of pool `{pool}` matches the labels {filter}")]
+    NoMatchingUpstream { pool: String, filter: String },
     /// A rate limit held the request past `queue_timeout` (or could not free up before it).
     #[error(
         "rate limited: {}{}",

@@ -9,7 +9,8 @@
 //! `docs/architecture.md` and `tests/architecture.rs` holds the code to it. Bottom up:
 //! - foundation: [`body`], [`outcome`] (what happened to an exchange), [`target`] (canonical
 //!   hosts), [`upstream`] (URLs and ids), [`session`] (header and username grammar),
-//!   [`intercept`] (the interception CA and leaf certificates), [`limits`], [`per_thread`],
+//!   [`intercept`] (the interception CA and leaf certificates), [`socks5`] (the SOCKS5
+//!   handshake's wire format), [`limits`], [`per_thread`],
 //!   [`password`], [`store_url`], [`fast_map`], [`shutdown`].
 //! - [`config`]: the TOML file → a validated [`config::Config`].
 //! - domain: [`upstream::connect`] (http/https/socks5/direct), [`upstream::reuse`] (keep-alive),
@@ -24,10 +25,11 @@
 //! - decisions: [`error`] (the one error type, no HTTP), [`admit`] (client allowlist, target
 //!   policy), [`pool`] ([`pool::ring`] sticky placement, [`pool::lease`]).
 //! - [`state`]: `Gateway`, the shared handles; nothing below names it.
-//! - pipeline: [`server`] (accept loop, connection limits), [`proxy`] ([`proxy::forward`],
-//!   [`proxy::tunnel`], [`proxy::inspect`], [`proxy::framing`], [`proxy::headers`],
-//!   [`proxy::observe`], [`proxy::pipe`], [`proxy::ledger`] (the access log's entry and byte
-//!   counting on the request path), [`proxy::respond`] errors → responses),
+//! - pipeline: [`server`] (accept loops, connection limits), [`proxy`] ([`proxy::forward`],
+//!   [`proxy::tunnel`], [`proxy::socks`] the SOCKS5 front door, [`proxy::inspect`],
+//!   [`proxy::framing`], [`proxy::headers`], [`proxy::observe`], [`proxy::pipe`],
+//!   [`proxy::ledger`] (the access log's entry and byte counting on the request path),
+//!   [`proxy::respond`] errors → responses),
 //!   [`pool::select`].
 //! - jobs: [`probe::prober`], [`sources::watch`], [`reload`].
 //! - surfaces: [`admin`] (`/status`, `/metrics`, `/dashboard`, actions, the `poolgate status`
@@ -38,7 +40,8 @@
 //! `server (limits) → proxy::handle (framing) → admit (client) → session → auth → admit
 //! (target) → pool::select (ratelimit) → store::acquire → upstream::connect (resolved-address policy) →
 //! proxy::{forward | tunnel [→ proxy::inspect]} → health::classify → pool::lease → store::release`,
-//! and an error anywhere → `proxy::respond`.
+//! and an error anywhere → `proxy::respond`. The SOCKS5 port: `server (limits) → proxy::socks
+//! (handshake, login) → proxy::route_ask → … → proxy::tunnel::Carry`, the same from routing on.
 //!
 //! Background tasks (each cancelled on shutdown): the health tick (cool-downs), the prober, the
 //! upstream lists, the mirror of other instances' member settings, and the idle-connection
@@ -74,6 +77,7 @@ pub mod reload;
 pub mod server;
 pub mod session;
 pub mod shutdown;
+pub mod socks5;
 pub mod sources;
 pub mod state;
 pub mod store;

@@ -54,10 +54,13 @@ pub(crate) struct UpstreamLabels {
     pub(crate) upstream: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub(crate) struct StateLabels {
     pub(crate) pool: String,
     pub(crate) state: String,
+    /// The values of the pool's `metric_labels` keys (none unless configured).
+    #[prometheus(flatten)]
+    pub(crate) by: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -89,6 +89,9 @@ fn fixed_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     if a.admin_listen != b.admin_listen {
         changed.push("server.admin_listen");
     }
+    if a.socks_listen != b.socks_listen {
+        changed.push("server.socks_listen");
+    }
     if running.store != new.store {
         changed.push("store");
     }
@@ -270,8 +273,13 @@ mod tests {
             a.server.workers + 1
         ));
         assert_eq!(fixed_changes(&a, &d), vec!["server.workers"]);
-        let e = parse("[log]\naccess = \"stderr\"\n[pools.default]\nupstreams = [\"direct://\"]\n");
-        assert_eq!(fixed_changes(&a, &e), vec!["log"]);
+        // Turning the SOCKS5 port on (or moving it) needs a restart.
+        let e = parse(
+            "[server]\nsocks_listen = \"127.0.0.1:1080\"\n[pools.default]\nupstreams = [\"direct://\"]\n",
+        );
+        assert_eq!(fixed_changes(&a, &e), vec!["server.socks_listen"]);
+        let g = parse("[log]\naccess = \"stderr\"\n[pools.default]\nupstreams = [\"direct://\"]\n");
+        assert_eq!(fixed_changes(&a, &g), vec!["log"]);
         // Bounds on exported series follow the live config.
         let f = parse(
             "[metrics]\nper_upstream_max = 5\n[pools.default]\nupstreams = [\"direct://\"]\n",

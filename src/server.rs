@@ -11,6 +11,9 @@
 //! closed). Connection tasks live on the gateway's task tracker: shutdown asks each one to finish
 //! its in-flight request and close, then waits for them.
 //!
+//! The SOCKS5 port has the same accept loop and limits ([`serve_streams`]); its connections,
+//! counted with the proxy port's, are handed to their handler as TCP streams.
+//!
 //! A connection that becomes a tunnel (CONNECT) goes on in the same task: the handler leaves the
 //! tunnel's future in the request's [`AfterUpgrade`], and the connection task runs it once hyper
 //! has handed the connection over, instead of spawning a task for it.
@@ -53,6 +56,8 @@ impl<B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + 'static> Re
 pub enum Listener {
     /// The proxy port: limits from the config in force.
     Proxy,
+    /// The SOCKS5 port: the proxy port's limits, counted together with its connections.
+    Socks,
     /// The admin port: a small fixed limit.
     Admin,
 }
@@ -64,8 +69,30 @@ where
     F: Future<Output = Response<B>> + Send + 'static,
     B: ResponseBody,
 {
+    accept(gw, listener, kind, move |gw, stream, peer, slot| {
+        serve_connection(gw, stream, peer, slot, service.clone())
+    })
+    .await
+}
+
+/// Runs the accept loop of a listener that does not speak HTTP (the SOCKS5 port) until
+/// shutdown: `handle` gets each connection the limits admit, with its slot, in a task of its own.
+pub async fn serve_streams<H, F>(gw: Arc<Gateway>, listener: TcpListener, handle: H)
+where
+    H: Fn(Arc<Gateway>, TcpStream, SocketAddr, ConnSlot) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    accept(gw, listener, Listener::Socks, handle).await
+}
+
+/// The accept loop: each connection the limits admit runs `conn` on the gateway's task tracker.
+async fn accept<H, F>(gw: Arc<Gateway>, listener: TcpListener, kind: Listener, conn: H)
+where
+    H: Fn(Arc<Gateway>, TcpStream, SocketAddr, ConnSlot) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
     let conns = match kind {
-        Listener::Proxy => gw.client_conns.clone(),
+        Listener::Proxy | Listener::Socks => gw.client_conns.clone(),
         Listener::Admin => ClientConns::new(),
     };
     let mut backoff = ACCEPT_BACKOFF_START;
@@ -90,7 +117,7 @@ where
             }
         };
         let (max_total, max_per_client) = match kind {
-            Listener::Proxy => {
+            Listener::Proxy | Listener::Socks => {
                 let live = gw.live.load();
                 (
                     live.server.max_connections as usize,
@@ -103,17 +130,16 @@ where
             Ok(slot) => slot,
             Err(refusal) => {
                 tracing::debug!(peer = %peer, limit = refusal.as_str(), "connection refused");
-                // Best effort and never blocking: the accept loop must not wait on a client.
-                let _ = stream.try_write(limits::refusal_response(refusal).as_bytes());
+                // Best effort and never blocking: the accept loop must not wait on a client. A
+                // SOCKS5 client has no message for this before its greeting: it is closed.
+                if kind != Listener::Socks {
+                    let _ = stream.try_write(limits::refusal_response(refusal).as_bytes());
+                }
                 drop(stream);
                 continue;
             }
         };
-        let gw2 = gw.clone();
-        let service = service.clone();
-        gw.tasks.spawn(async move {
-            serve_connection(gw2, stream, peer, slot, service).await;
-        });
+        gw.tasks.spawn(conn(gw.clone(), stream, peer, slot));
     }
 }
 

@@ -1,4 +1,5 @@
-//! Proxy worker threads: one single-threaded runtime per thread, all accepting on the proxy port.
+//! Proxy worker threads: one single-threaded runtime per thread, all accepting on the proxy port
+//! (and on the SOCKS5 port, when it is on).
 //!
 //! A client connection lives its whole life on the thread that accepted it, and so do the
 //! upstream connections it opens and the idle ones it reuses ([`crate::per_thread::home`] picks the thread's own
@@ -76,14 +77,17 @@ fn socket(addr: SocketAddr, shared: bool) -> io::Result<socket2::Socket> {
     Ok(s)
 }
 
-/// Starts one worker serving the proxy port of `gw` on each of `listeners` (from [`bind`]), once
-/// each has its socket registered. The returned future ends once every worker has stopped
-/// accepting (at shutdown).
+/// Starts one worker serving the proxy port of `gw` on each of `listeners` (from [`bind`]), and
+/// the SOCKS5 port on each of `socks` (from [`bind`] too, one per worker; empty when the port is
+/// off), once each has its sockets registered. The returned future ends once every worker has
+/// stopped accepting (at shutdown).
 pub async fn start(
     gw: &Arc<Gateway>,
     listeners: Vec<std::net::TcpListener>,
+    socks: Vec<std::net::TcpListener>,
 ) -> io::Result<(Workers, impl Future<Output = ()> + Send + 'static)> {
     let threads = listeners.len();
+    let mut socks = socks.into_iter();
     let exit = CancellationToken::new();
     // Made first: a worker that fails to start stops the ones started before it.
     let workers = Workers {
@@ -98,24 +102,37 @@ pub async fn start(
         let (done, accepting_ended) = tokio::sync::oneshot::channel::<()>();
         let gw = gw.clone();
         let exit = exit.clone();
+        let socks = socks.next();
         std::thread::Builder::new()
             .name(format!("poolgate-proxy-{index}"))
             .spawn(move || {
                 set_home(index);
                 runtime.block_on(async move {
-                    let listener = match TcpListener::from_std(listener) {
-                        Ok(l) => {
+                    let registered = TcpListener::from_std(listener).and_then(|l| {
+                        let socks = socks.map(TcpListener::from_std).transpose()?;
+                        Ok((l, socks))
+                    });
+                    let (listener, socks) = match registered {
+                        Ok(ls) => {
                             let _ = ready.send(Ok(()));
-                            l
+                            ls
                         }
                         Err(e) => {
                             let _ = ready.send(Err(e));
                             return;
                         }
                     };
+                    let serve_socks = {
+                        let gw = gw.clone();
+                        async move {
+                            if let Some(l) = socks {
+                                server::serve_streams(gw, l, proxy::socks::handle).await;
+                            }
+                        }
+                    };
                     let serve = server::serve(gw, listener, server::Listener::Proxy, proxy::handle);
                     tokio::select! {
-                        _ = serve => {}
+                        _ = async { tokio::join!(serve, serve_socks) } => {}
                         _ = exit.cancelled() => {}
                     }
                     let _ = done.send(());

@@ -145,8 +145,8 @@ async fn clients_outside_the_allowlist_are_refused() {
 }
 
 /// Targeting tokens (`-country-us`) before the session token end the account like it does: user
-/// `acct` logs in as `acct-country-us-session-a`, and the request is sticky on session `a` (the
-/// same upstream as `X-Pool-Session: a`, one live session).
+/// `acct` logs in as `acct-country-us-session-a`, and the request is sticky on session `a` inside
+/// its filter (each filter its own session, so four live sessions with the plain one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn targeting_tokens_before_the_session_log_in_as_the_account() {
     let origin = Origin::start(OriginBehaviour::echo()).await;
@@ -154,7 +154,11 @@ async fn targeting_tokens_before_the_session_log_in_as_the_account() {
     for _ in 0..4 {
         ups.push(FakeProxy::start(FakeProxyOpts::default()).await);
     }
-    let list: Vec<String> = ups.iter().map(|u| format!("\"{}\"", u.url())).collect();
+    let labels = "country = \"us\", city = \"new_york\", type = \"residential\", asn = \"7922\"";
+    let list: Vec<String> = ups
+        .iter()
+        .map(|u| format!("{{ url = \"{}\", labels = {{ {labels} }} }}", u.url()))
+        .collect();
     let gw = TestGateway::start(&format!(
         "[policy]\nallow_private_targets = true\n\
          [auth.users.acct]\npassword_hash = \"{}\"\n\
@@ -164,12 +168,12 @@ async fn targeting_tokens_before_the_session_log_in_as_the_account() {
     ))
     .await;
     let url = origin.url("/ok");
-    let mut seen = std::collections::HashSet::new();
     for user in [
         "acct-country-us-session-a",
         "acct-country-us-city-new_york-session-a",
         "acct-type-residential-asn-7922-session-a-sesstime-10",
     ] {
+        let mut seen = std::collections::HashSet::new();
         let client = gw.client_via(&format!("http://{user}:acct-password@{}", gw.proxy), None);
         for _ in 0..3 {
             let resp = client.get(&url).send().await.unwrap();
@@ -182,6 +186,11 @@ async fn targeting_tokens_before_the_session_log_in_as_the_account() {
                     .to_string(),
             );
         }
+        assert_eq!(
+            seen.len(),
+            1,
+            "{user}: one upstream for session a: {seen:?}"
+        );
     }
     let plain = gw.client_via(&format!("http://acct:acct-password@{}", gw.proxy), None);
     let resp = plain
@@ -191,14 +200,7 @@ async fn targeting_tokens_before_the_session_log_in_as_the_account() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    seen.insert(
-        resp.headers()["x-pool-upstream"]
-            .to_str()
-            .unwrap()
-            .to_string(),
-    );
-    assert_eq!(seen.len(), 1, "one upstream for session a: {seen:?}");
-    assert_eq!(gw.status().await["pools"][0]["sessions_live"], 1);
+    assert_eq!(gw.status().await["pools"][0]["sessions_live"], 4);
     // The wrong password is still wrong with tokens.
     let wrong = gw.client_via(
         &format!("http://acct-country-us-session-a:nope@{}", gw.proxy),

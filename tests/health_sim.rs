@@ -73,7 +73,10 @@ impl Sim {
         for _ in 0..3 {
             let preferred;
             let want = match session {
-                None => Want::Any { exclude: &tried },
+                None => Want::Any {
+                    exclude: &tried,
+                    within: None,
+                },
                 Some(key) => {
                     preferred = self.placement.preferred(key, 4, &tried);
                     Want::Session {
@@ -81,6 +84,7 @@ impl Sim {
                         ttl: Duration::from_secs(3600),
                         preferred: &preferred,
                         rebind: self.rebind,
+                        within: None,
                     }
                 }
             };
@@ -472,6 +476,7 @@ async fn a_session_on_a_dead_upstream_fails_or_is_rebound_when_configured() {
                         ttl: Duration::from_secs(60),
                         preferred: &[],
                         rebind: false,
+                        within: None,
                     },
                 )
                 .await

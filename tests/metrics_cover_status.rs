@@ -51,6 +51,12 @@ const TABLE: &[(&str, Want)] = &[
         Keyed("poolgate_upstreams", "state"),
     ),
     (
+        "pools[].labels.*.*.*",
+        Not(
+            "members by label value and state: in /metrics as poolgate_upstreams split by the pool's metric_labels, so that cardinality stays the operator's choice",
+        ),
+    ),
+    (
         "pools[].quarantine_cap.limit",
         Series(&[("poolgate_quarantine_limit", &[])]),
     ),
@@ -221,8 +227,25 @@ const TABLE: &[(&str, Want)] = &[
         "requests.forwarded",
         Series(&[("poolgate_requests_forwarded_total", &[])]),
     ),
+    (
+        "requests.by_door.*",
+        Keyed("poolgate_requests_accepted_total", "door"),
+    ),
     ("tunnels.open", Series(&[("poolgate_tunnels_open", &[])])),
     ("tunnels.total", Series(&[("poolgate_tunnels_total", &[])])),
+    ("tunnels.by_door.*", Keyed("poolgate_tunnels_total", "door")),
+    (
+        "tunnels.open_by_door.*",
+        Keyed("poolgate_tunnels_open", "door"),
+    ),
+    (
+        "socks5.replies.*",
+        Keyed("poolgate_socks5_replies_total", "reply"),
+    ),
+    (
+        "socks5.handshakes_failed",
+        Series(&[("poolgate_socks5_handshakes_failed_total", &[])]),
+    ),
     (
         "connections.open",
         Series(&[("poolgate_connections_open", &[])]),
@@ -416,10 +439,20 @@ fn lookup(leaf: &Leaf) -> Option<(&'static Want, Option<String>)> {
     }
     let (parent, key) = leaf.shape.rsplit_once('.')?;
     let wildcard = format!("{parent}.*");
+    if let Some((_, want)) = TABLE.iter().find(|(shape, _)| *shape == wildcard) {
+        return Some((want, Some(key.to_string())));
+    }
+    // Nested maps (`a.*.*.*`): each `*` stands for one key; only `Not` entries are written so.
+    let segments: Vec<&str> = leaf.shape.split('.').collect();
     TABLE
         .iter()
-        .find(|(shape, _)| *shape == wildcard)
-        .map(|(_, want)| (want, Some(key.to_string())))
+        .find(|(shape, want)| {
+            let t: Vec<&str> = shape.split('.').collect();
+            matches!(want, Not(_))
+                && t.len() == segments.len()
+                && t.iter().zip(&segments).all(|(a, b)| *a == "*" || a == b)
+        })
+        .map(|(_, want)| (want, None))
 }
 
 fn sample_value(v: &prometheus_parse::Value) -> Option<f64> {
@@ -563,7 +596,7 @@ async fn every_status_count_has_a_metric_with_the_same_value() {
     let interception_ca =
         reqwest::Certificate::from_pem(std::fs::read_to_string(&ca).unwrap().as_bytes()).unwrap();
     let list = dir.path().join("upstreams.txt");
-    std::fs::write(&list, format!("{}\nnot a proxy\n", listed.url())).unwrap();
+    std::fs::write(&list, format!("{} country=us\nnot a proxy\n", listed.url())).unwrap();
 
     let gw = TestGateway::start(&format!(
         "[policy]\nallow_private_targets = true\nconnect_ports = [{}, {}]\n\

@@ -34,8 +34,10 @@ async fn paused_gateway(pool_extra: &str) -> TestGateway {
 fn route(gw: &Gateway, target: &str, session: Option<&str>, user: Option<&str>) -> Route {
     Route {
         pool: gw.pools.load().get(None).unwrap().clone(),
+        filter: None,
         session: session.map(|key| SessionPlan {
             key: SessionKey::new(key).unwrap(),
+            binding: key.to_string(),
             ttl: Duration::from_secs(600),
             minted: false,
         }),
@@ -91,6 +93,7 @@ async fn per_upstream_target_limit_paces_one_target_and_leaves_others_alone() {
         let gw = gw.clone();
         let busy = Route {
             pool: busy.pool.clone(),
+            filter: None,
             session: None,
             target_host: busy.target_host.clone(),
             user: None,

@@ -125,7 +125,7 @@ async fn username_session_makes_connect_tunnels_sticky() {
     let gw = TestGateway::start(&config(&ups.iter().collect::<Vec<_>>(), origin.port(), "")).await;
     for _ in 0..12 {
         // A fresh client each time: a new CONNECT tunnel each time.
-        let client = gw.client_via(&gw.proxy_url_as("acct-session-tls1-country-us"), Some(&ca));
+        let client = gw.client_via(&gw.proxy_url_as("acct-session-tls1-zone-us"), Some(&ca));
         let resp = client.get(origin.url("/ok")).send().await.unwrap();
         assert_eq!(resp.text().await.unwrap(), "ok");
     }

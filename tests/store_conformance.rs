@@ -106,7 +106,10 @@ fn granted(a: Acquired) -> Grant {
     }
 }
 
-const ANY: Want<'static> = Want::Any { exclude: &[] };
+const ANY: Want<'static> = Want::Any {
+    exclude: &[],
+    within: None,
+};
 
 fn session<'a>(key: &'a str, ttl: Duration, preferred: &'a [UpstreamId], rebind: bool) -> Want<'a> {
     Want::Session {
@@ -114,6 +117,7 @@ fn session<'a>(key: &'a str, ttl: Duration, preferred: &'a [UpstreamId], rebind:
         ttl,
         preferred,
         rebind,
+        within: None,
     }
 }
 
@@ -246,15 +250,27 @@ async fn exclusion_and_no_candidates(b: &Backend) {
         let c = b.clients(1, &spec).await;
         let s = &c[0];
         assert_eq!(
-            s.acquire(&spec.name, Want::Any { exclude: &m })
-                .await
-                .unwrap(),
+            s.acquire(
+                &spec.name,
+                Want::Any {
+                    exclude: &m,
+                    within: None
+                }
+            )
+            .await
+            .unwrap(),
             Acquired::NoCandidates
         );
         let g = granted(
-            s.acquire(&spec.name, Want::Any { exclude: &m[..1] })
-                .await
-                .unwrap(),
+            s.acquire(
+                &spec.name,
+                Want::Any {
+                    exclude: &m[..1],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
         );
         assert_eq!(g.upstream, m[1], "{strategy:?}");
         release(s, &spec.name, &g).await;

@@ -2,6 +2,7 @@
 //! (states, leases, sessions, incidents, the bounded top-targets matrix, and every count
 //! `/status` shows), then everything encoded as Prometheus (OpenMetrics) text.
 
+use crate::accounting::{Door, DoorCounts};
 use crate::admin::status::Status;
 use crate::metrics::{
     Labels, Metrics, PoolLabel, ProbeLabels, RefusalLabels, SourceLabels, StateLabels,
@@ -43,13 +44,37 @@ impl Metrics {
             let pool = PoolLabel {
                 pool: p.name.clone(),
             };
-            for (state, n) in &p.counts_by_state {
-                self.upstreams_by_state
-                    .get_or_create(&StateLabels {
-                        pool: p.name.clone(),
-                        state: state.to_string(),
-                    })
-                    .set(*n as i64);
+            if p.metric_labels.is_empty() {
+                for (state, n) in &p.counts_by_state {
+                    self.upstreams_by_state
+                        .get_or_create(&StateLabels {
+                            pool: p.name.clone(),
+                            state: state.to_string(),
+                            by: Vec::new(),
+                        })
+                        .set(*n as i64);
+                }
+            } else {
+                // Split by the values of the keys the operator named (bounded by them).
+                let mut counts: std::collections::BTreeMap<StateLabels, i64> = Default::default();
+                for u in &p.upstreams {
+                    let by = p
+                        .metric_labels
+                        .iter()
+                        .map(|k| (k.clone(), u.labels.get(k).cloned().unwrap_or_default()))
+                        .collect();
+                    let state = u.health.as_ref().map_or("unknown", |h| h.state);
+                    *counts
+                        .entry(StateLabels {
+                            pool: p.name.clone(),
+                            state: state.to_string(),
+                            by,
+                        })
+                        .or_default() += 1;
+                }
+                for (labels, n) in counts {
+                    self.upstreams_by_state.get_or_create(&labels).set(n);
+                }
             }
             self.quarantine_limit
                 .get_or_create(&pool)
@@ -180,11 +205,17 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
     };
 
     let r = &s.traffic.requests;
+    let doors = |counts: &DoorCounts| -> Vec<(Labels, u64)> {
+        Door::ALL
+            .iter()
+            .map(|d| (vec![("door", d.as_str().to_string())], counts.get(*d)))
+            .collect()
+    };
     family(
         "poolgate_requests_accepted",
-        "Client requests accepted (head parsed) since start",
+        "Client requests accepted (an HTTP head parsed, a SOCKS5 request read) since start, by front door",
         true,
-        one(r.accepted),
+        doors(&r.by_door),
     );
     family(
         "poolgate_requests_ended",
@@ -213,15 +244,32 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
     );
     family(
         "poolgate_tunnels",
-        "CONNECT tunnels since start",
+        "Tunnels (CONNECT, SOCKS5) since start, by front door",
         true,
-        one(s.traffic.tunnels.total),
+        doors(&s.traffic.tunnels.by_door),
     );
     family(
         "poolgate_tunnels_open",
-        "CONNECT tunnels open now",
+        "Tunnels (CONNECT, SOCKS5) open now, by front door",
         false,
-        one(s.traffic.tunnels.open),
+        doors(&s.traffic.tunnels.open_by_door),
+    );
+    let socks = &s.traffic.socks5;
+    family(
+        "poolgate_socks5_replies",
+        "SOCKS5 replies to requests since start, by reply (succeeded, not_allowed, host_unreachable, ...)",
+        true,
+        socks
+            .replies
+            .iter()
+            .map(|(k, v)| (vec![("reply", k.to_string())], *v))
+            .collect(),
+    );
+    family(
+        "poolgate_socks5_handshakes_failed",
+        "SOCKS5 handshakes that ended before a request was read (malformed, no acceptable method, refused login, too slow) since start",
+        true,
+        one(socks.handshakes_failed),
     );
     family(
         "poolgate_connections_open",

@@ -1,6 +1,8 @@
 //! The `/status` document. Field names are a public contract (docs/operations.md, "/status"): snake_case, units
 //! in the names, never an upstream credential.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::health::engine::{MatrixRow, TargetIncident, UpstreamHealthView};
@@ -45,6 +47,9 @@ pub struct StoreStatus {
 #[derive(Serialize)]
 pub struct PoolView {
     pub name: String,
+    /// Label keys `/metrics` splits `poolgate_upstreams` by (`metric_labels`).
+    #[serde(skip)]
+    pub metric_labels: Vec<String>,
     pub default: bool,
     pub strategy: &'static str,
     pub max_concurrency: Option<u32>,
@@ -57,6 +62,8 @@ pub struct PoolView {
     pub sessions_live: u64,
     pub leases_live: u64,
     pub counts_by_state: std::collections::BTreeMap<&'static str, usize>,
+    /// Members by label key, value and state: `{"country": {"us": {"healthy": 40}}}`.
+    pub labels: BTreeMap<String, BTreeMap<String, BTreeMap<&'static str, usize>>>,
     pub quarantine_cap: QuarantineCap,
     pub incidents: Incidents,
     pub upstreams: Vec<UpstreamView>,
@@ -92,6 +99,8 @@ pub struct UpstreamView {
     /// `[metrics] per_upstream_max` members (their figures are the pool's only).
     pub bytes_up: Option<u64>,
     pub bytes_down: Option<u64>,
+    /// The member's labels, `{"country": "de", "type": "datacenter"}`.
+    pub labels: BTreeMap<String, String>,
     #[serde(flatten)]
     pub health: Option<UpstreamHealthView>,
     #[serde(flatten)]
@@ -117,13 +126,19 @@ pub async fn collect(gw: &Gateway) -> Status {
             .members
             .into_iter()
             .map(|m| {
-                let scheme = pool
-                    .upstream(&crate::upstream::UpstreamId::new(m.id.as_str()))
-                    .map_or("unknown", |u| u.scheme.as_str());
+                let up = pool.upstream(&crate::upstream::UpstreamId::new(m.id.as_str()));
+                let scheme = up.map_or("unknown", |u| u.scheme.as_str());
+                let labels = up.map_or_else(BTreeMap::new, |u| {
+                    u.labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                });
                 let bytes = per_upstream.then(|| gw.meter.upstream(pool.name(), &m.id));
                 UpstreamView {
                     id: m.id.clone(),
                     scheme,
+                    labels,
                     bytes_up: bytes.map(|b| b.up),
                     bytes_down: bytes.map(|b| b.down),
                     health: hv
@@ -133,8 +148,23 @@ pub async fn collect(gw: &Gateway) -> Status {
                 }
             })
             .collect();
+        let mut by_label: BTreeMap<String, BTreeMap<String, BTreeMap<&'static str, usize>>> =
+            BTreeMap::new();
+        for u in &upstreams {
+            let state = u.health.as_ref().map_or("unknown", |h| h.state);
+            for (k, v) in &u.labels {
+                *by_label
+                    .entry(k.clone())
+                    .or_default()
+                    .entry(v.clone())
+                    .or_default()
+                    .entry(state)
+                    .or_default() += 1;
+            }
+        }
         views.push(PoolView {
             name: pool.name().to_string(),
+            metric_labels: pool.config.metric_labels.clone(),
             default: pool.name() == gw.live.load().default_pool,
             strategy: pool.config.strategy.as_str(),
             max_concurrency: pool.config.max_concurrency.map(|n| n.get()),
@@ -144,6 +174,7 @@ pub async fn collect(gw: &Gateway) -> Status {
             sessions_live: st.sessions_live,
             leases_live: upstreams.iter().map(|u| u.stats.leases_live).sum(),
             counts_by_state: hv.counts_by_state,
+            labels: by_label,
             quarantine_cap: QuarantineCap {
                 limit: hv.quarantine_cap,
                 used: hv.quarantined,

@@ -94,6 +94,7 @@ pub(super) struct FileHealth {
 #[serde(deny_unknown_fields)]
 pub(super) struct FileServer {
     pub(super) listen: Option<String>,
+    pub(super) socks_listen: Option<String>,
     pub(super) admin_listen: Option<String>,
     pub(super) admin_token: Option<String>,
     pub(super) admin_read_token: Option<String>,
@@ -197,7 +198,7 @@ pub(super) struct FileUpstreamTls {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct FilePool {
-    pub(super) upstreams: Option<Vec<String>>,
+    pub(super) upstreams: Option<Vec<FileUpstream>>,
     pub(super) upstreams_file: Option<PathBuf>,
     pub(super) upstreams_url: Option<String>,
     pub(super) upstreams_url_interval: Option<String>,
@@ -211,10 +212,57 @@ pub(super) struct FilePool {
     pub(super) rebind_on_failure: Option<bool>,
     pub(super) inspect_tls: Option<bool>,
     pub(super) inspect_exclude: Option<Vec<String>>,
+    pub(super) metric_labels: Option<Vec<String>>,
     #[serde(default)]
     pub(super) health: FileHealth,
     pub(super) probe: Option<FileProbe>,
     pub(super) rate_limit: Option<FileRateLimit>,
+}
+
+/// One entry of a pool's `upstreams`: a URL, or a table that names and labels it.
+#[derive(Debug)]
+pub(super) enum FileUpstream {
+    Url(String),
+    Table(FileUpstreamTable),
+}
+
+/// `{ url = "http://10.0.0.2:3128", name = "de1", labels = { country = "de" } }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileUpstreamTable {
+    pub(super) url: String,
+    pub(super) name: Option<String>,
+    #[serde(default)]
+    pub(super) labels: BTreeMap<String, String>,
+}
+
+/// By hand, as [`FilePorts`]: a wrong type is reported with what is expected.
+impl<'de> Deserialize<'de> for FileUpstream {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = FileUpstream;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "an upstream URL, or a table { url = \"…\", name = \"…\", labels = { key = \"value\" } }",
+                )
+            }
+
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(FileUpstream::Url(s.to_string()))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                FileUpstreamTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(FileUpstream::Table)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// `[pools.<name>.admission]`: what a candidate from an upstream list must be to join.

@@ -182,17 +182,31 @@ impl Validator {
         // Safe by default: a proxy reachable beyond this machine with neither users nor a
         // client allowlist would serve anyone as an open proxy (Squid refuses all but its
         // `localnet` the same way).
-        if !server.listen.ip().is_loopback() && auth.users.is_empty() && auth.client_cidrs.is_none()
-        {
-            self.problem(
-                "server.listen",
-                "a proxy listener beyond loopback needs [auth.users] or auth.client_cidrs, or anyone \
-                 who reaches it may use it; for a private network: client_cidrs = [\"10.0.0.0/8\", \
-                 \"172.16.0.0/12\", \"192.168.0.0/16\", \"127.0.0.0/8\"]",
-            );
+        let open = auth.users.is_empty() && auth.client_cidrs.is_none();
+        let proxy_listeners = [
+            ("server.listen", Some(server.listen)),
+            ("server.socks_listen", server.socks_listen),
+        ];
+        for (key, addr) in proxy_listeners {
+            if open && addr.is_some_and(|a| !a.ip().is_loopback()) {
+                self.problem(
+                    key,
+                    "a proxy listener beyond loopback needs [auth.users] or auth.client_cidrs, or \
+                     anyone who reaches it may use it; for a private network: client_cidrs = \
+                     [\"10.0.0.0/8\", \"172.16.0.0/12\", \"192.168.0.0/16\", \"127.0.0.0/8\"]",
+                );
+            }
         }
         if server.listen == server.admin_listen && server.listen.port() != 0 {
             self.problem("server.admin_listen", "must differ from server.listen");
+        }
+        if let Some(socks) = server.socks_listen.filter(|a| a.port() != 0) {
+            if socks == server.listen || socks == server.admin_listen {
+                self.problem(
+                    "server.socks_listen",
+                    "must differ from server.listen and server.admin_listen",
+                );
+            }
         }
         for (name, user) in &auth.users {
             for pool in user.pools.iter().flatten() {

@@ -5,13 +5,13 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::intercept::HostPattern;
-use crate::upstream::Upstream;
+use crate::upstream::{Labels, Upstream};
 
 use super::defaults::{
     DEFAULT_LEASE_TTL_MS, DEFAULT_QUEUE_TIMEOUT_MS, DEFAULT_RETRIES, DEFAULT_SESSION_TTL_MS,
     MAX_RETRIES, MAX_SESSION_TTL_MS, MIN_LEASE_TTL_MS,
 };
-use super::file::FilePool;
+use super::file::{FilePool, FileUpstream};
 use super::validate::Validator;
 use super::{HealthConfig, ProbeConfig, RateLimitConfig, SourcesConfig};
 
@@ -56,6 +56,9 @@ pub struct PoolConfig {
     pub inspect_tls: bool,
     /// Hosts never inspected, matched against the SNI name and the CONNECT host.
     pub inspect_exclude: Vec<HostPattern>,
+    /// Label keys `poolgate_upstreams` is split by in `/metrics` (at most
+    /// [`MAX_METRIC_LABELS`]: each multiplies the series).
+    pub metric_labels: Vec<String>,
     pub health: HealthConfig,
     /// Active probes; `None` leaves health passive (a cool-down's end alone returns an upstream
     /// to half-open).
@@ -64,7 +67,53 @@ pub struct PoolConfig {
     pub rate_limit: RateLimitConfig,
 }
 
+/// Label keys a pool's `metric_labels` may name.
+pub const MAX_METRIC_LABELS: usize = 3;
+
 impl Validator {
+    /// One inline upstream: its URL, its `name` (the id, as a URL's `#name`) and its labels.
+    fn upstream(&mut self, key: &str, entry: &FileUpstream) -> Option<Upstream> {
+        let table = match entry {
+            FileUpstream::Url(url) => {
+                return Upstream::parse(url).map_err(|e| self.problem(key, e)).ok();
+            }
+            FileUpstream::Table(t) => t,
+        };
+        let url = match &table.name {
+            Some(name) if name.is_empty() || name.contains(char::is_whitespace) => {
+                self.problem(
+                    &format!("{key}.name"),
+                    "a name is non-empty and has no spaces",
+                );
+                return None;
+            }
+            Some(name) => format!("{}#{name}", table.url.split('#').next().unwrap_or_default()),
+            None => table.url.clone(),
+        };
+        let mut upstream = match Upstream::parse(&url) {
+            Ok(u) => u,
+            Err(e) => {
+                self.problem(&format!("{key}.url"), e);
+                return None;
+            }
+        };
+        for (k, v) in &table.labels {
+            if let Err(e) = Labels::new([(k.as_str(), v.as_str())]) {
+                self.problem(&format!("{key}.labels.{k}"), e);
+                return None;
+            }
+        }
+        match Labels::new(table.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+            Ok(labels) => upstream.labels = labels,
+            // Keys that differ only in case: one label given twice.
+            Err(e) => {
+                self.problem(&format!("{key}.labels"), e);
+                return None;
+            }
+        }
+        Some(upstream)
+    }
+
     pub(super) fn pool(&mut self, name: &str, p: FilePool) -> Option<PoolConfig> {
         let key = |k: &str| format!("pools.{name}.{k}");
         if name.is_empty()
@@ -79,10 +128,9 @@ impl Validator {
             );
         }
         let mut upstreams = Vec::new();
-        for (i, url) in p.upstreams.iter().flatten().enumerate() {
-            match Upstream::parse(url) {
-                Ok(u) => upstreams.push(u),
-                Err(e) => self.problem(&format!("pools.{name}.upstreams[{i}]"), e),
+        for (i, entry) in p.upstreams.iter().flatten().enumerate() {
+            if let Some(u) = self.upstream(&format!("pools.{name}.upstreams[{i}]"), entry) {
+                upstreams.push(u);
             }
         }
         let sources = self.sources(name, &p);
@@ -162,6 +210,30 @@ impl Validator {
                 }
             })
             .collect();
+        let mut metric_labels: Vec<String> = Vec::new();
+        for (i, k) in p.metric_labels.iter().flatten().enumerate() {
+            match crate::upstream::labels::fold(k) {
+                Some(k) if k == "pool" || k == "state" => self.problem(
+                    &format!("pools.{name}.metric_labels[{i}]"),
+                    "`pool` and `state` are labels of the series already",
+                ),
+                Some(k) if !metric_labels.contains(&k) => metric_labels.push(k),
+                Some(_) => self.problem(
+                    &format!("pools.{name}.metric_labels[{i}]"),
+                    "is listed twice",
+                ),
+                None => self.problem(
+                    &format!("pools.{name}.metric_labels[{i}]"),
+                    "expected a label key: 1 to 64 characters of a-z 0-9 _ . -",
+                ),
+            }
+        }
+        if metric_labels.len() > MAX_METRIC_LABELS {
+            self.problem(
+                &key("metric_labels"),
+                format!("at most {MAX_METRIC_LABELS} keys: each multiplies the series"),
+            );
+        }
         let retries = p.retries.unwrap_or(DEFAULT_RETRIES);
         if retries > MAX_RETRIES {
             self.problem(&key("retries"), format!("must be at most {MAX_RETRIES}"));
@@ -183,6 +255,7 @@ impl Validator {
             rebind_on_failure: p.rebind_on_failure.unwrap_or(false),
             inspect_tls: p.inspect_tls.unwrap_or(false),
             inspect_exclude,
+            metric_labels,
             health: self.health(&format!("pools.{name}.health"), p.health),
             probe: p
                 .probe

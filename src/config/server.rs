@@ -10,6 +10,8 @@ use super::validate::Validator;
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// The SOCKS5 front door (see [`crate::proxy::socks`]); off when `None`.
+    pub socks_listen: Option<SocketAddr>,
     pub admin_listen: SocketAddr,
     /// Required for admin actions, and for any admin address that is not loopback.
     pub admin_token: Option<String>,
@@ -97,6 +99,10 @@ impl Validator {
         }
         ServerConfig {
             listen: self.addr("server.listen", s.listen.as_deref(), DEFAULT_PROXY_LISTEN),
+            socks_listen: s
+                .socks_listen
+                .as_deref()
+                .map(|a| self.addr("server.socks_listen", Some(a), a)),
             admin_listen: self.addr(
                 "server.admin_listen",
                 s.admin_listen.as_deref(),

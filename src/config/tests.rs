@@ -79,6 +79,44 @@ fn a_proxy_listener_beyond_loopback_is_never_an_open_proxy() {
         ok(&format!("[server]\nlisten = \"127.0.0.1:8080\"\n{pool}")),
         Ok(())
     );
+    // The SOCKS5 port is a proxy listener too.
+    for socks in ["0.0.0.0:1080", "[::]:1080"] {
+        let p = problems(&format!("[server]\nsocks_listen = \"{socks}\"\n{pool}"));
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with("server.socks_listen") && m.contains("client_cidrs")),
+            "{socks}: {p:?}"
+        );
+        assert!(!p.iter().any(|m| m.starts_with("server.listen")), "{p:?}");
+    }
+    assert_eq!(
+        ok(&format!(
+            "[server]\nsocks_listen = \"0.0.0.0:1080\"\n[auth]\nclient_cidrs = [\"10.0.0.0/8\"]\n{pool}"
+        )),
+        Ok(())
+    );
+    let c = Config::parse(
+        &format!("[server]\nsocks_listen = \"127.0.0.1:1080\"\n{pool}"),
+        "t",
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        c.server.socks_listen,
+        Some("127.0.0.1:1080".parse().unwrap())
+    );
+    let p = problems(&format!("[server]\nsocks_listen = \"nope\"\n{pool}"));
+    assert!(
+        p.iter().any(|m| m.starts_with("server.socks_listen")),
+        "{p:?}"
+    );
+    let p = problems(&format!(
+        "[server]\nlisten = \"127.0.0.1:1080\"\nsocks_listen = \"127.0.0.1:1080\"\n{pool}"
+    ));
+    assert!(
+        p.iter().any(|m| m.starts_with("server.socks_listen")),
+        "{p:?}"
+    );
 }
 
 #[test]

@@ -93,6 +93,16 @@ impl Lease {
         self.held().map(|h| &h.upstream)
     }
 
+    /// The upstream as this request connects through it: a provider upstream with its
+    /// credentials filled in for the request (the same member, by id).
+    pub fn use_upstream(&mut self, upstream: Arc<Upstream>) {
+        if let Some(h) = self.inner.as_mut() {
+            if h.upstream.id == upstream.id {
+                h.upstream = upstream;
+            }
+        }
+    }
+
     pub fn grant(&self) -> Option<&Grant> {
         self.held().map(|h| &h.grant)
     }

@@ -1,5 +1,6 @@
 //! Pools: named sets of upstreams, how a request picks one, and the lease it holds.
 
+pub mod filter;
 pub mod lease;
 pub mod ring;
 pub mod select;
@@ -13,7 +14,10 @@ use crate::health::{self, PoolHealth};
 use crate::store::PoolSpec;
 use crate::upstream::{Upstream, UpstreamId};
 
+use filter::{FilterView, LabelIndex};
 pub use ring::Ring;
+
+use crate::session::LabelWant;
 
 /// One pool as configured, with what the hot path needs precomputed.
 #[derive(Debug)]
@@ -28,6 +32,8 @@ pub struct Pool {
     pub placement: Ring,
     /// Passive health of the members; outlives reloads.
     pub health: Arc<PoolHealth>,
+    /// The members' labels, for requests that ask for a kind of exit.
+    pub labels: LabelIndex,
 }
 
 impl Pool {
@@ -45,6 +51,7 @@ impl Pool {
         let health = health.pool(&config, &members);
         Pool {
             placement: Ring::new(&members),
+            labels: LabelIndex::new(&members, &upstreams),
             members,
             upstreams,
             health,
@@ -58,6 +65,15 @@ impl Pool {
 
     pub fn upstream(&self, id: &UpstreamId) -> Option<&Arc<Upstream>> {
         self.upstreams.get(id)
+    }
+
+    /// The members matching what a request asked for ([`filter::LabelIndex::view`]).
+    pub fn filter(&self, wants: &[LabelWant]) -> Result<Option<Arc<FilterView>>, ProxyError> {
+        if wants.is_empty() {
+            return Ok(None);
+        }
+        self.labels
+            .view(self.name(), wants, &self.members, &self.upstreams)
     }
 
     /// The current members, inline ones first.

@@ -9,16 +9,18 @@ use std::time::Duration;
 
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::Instant;
+use xxhash_rust::xxh3::xxh3_128;
 
 use crate::error::ProxyError;
 use crate::outcome::Outcome;
 use crate::pool::Pool;
+use crate::pool::filter::FilterView;
 use crate::pool::lease::Lease;
 use crate::ratelimit::{Blocked, Refusal, Scope};
 use crate::session::SessionKey;
 use crate::state::Gateway;
 use crate::store::{Acquired, Grant, Store, Want};
-use crate::upstream::UpstreamId;
+use crate::upstream::{Upstream, UpstreamId};
 
 /// How many members of a session's consistent-hash order are offered to the store at first; the
 /// store binds the first one in service and below its cap. When none of them is, the offer grows
@@ -29,6 +31,8 @@ const PREFERRED_CANDIDATES: usize = 4;
 /// Where a request goes: its pool and, when sticky, its session.
 pub struct Route {
     pub pool: Arc<Pool>,
+    /// The members the request's labels leave, when it asked for a kind of exit.
+    pub filter: Option<Arc<FilterView>>,
     pub session: Option<SessionPlan>,
     /// The target host, for per-target health and rate limits.
     pub target_host: Arc<str>,
@@ -36,8 +40,40 @@ pub struct Route {
     pub user: Option<Arc<str>>,
 }
 
+impl Route {
+    /// What a provider upstream's `{name}` placeholder holds for this request: `{session}` a
+    /// stable id of the session (32 hex characters, the same on every instance, a fresh random
+    /// one per request without a session); `{<label>}` the request's value for it when it asked
+    /// for one, else the member's own label, else the first of the request's alternatives.
+    pub fn placeholder(&self, upstream: &Upstream, name: &str) -> Option<String> {
+        if name == "session" {
+            let id = match &self.session {
+                Some(s) => xxh3_128(format!("{}\n{}", self.pool.name(), s.binding).as_bytes()),
+                None => rand::random::<u128>(),
+            };
+            return Some(format!("{id:032x}"));
+        }
+        let asked = self
+            .filter
+            .as_ref()
+            .and_then(|f| f.filter.pairs().iter().find(|(k, _)| k == name))
+            .map(|(_, values)| values.as_slice());
+        match asked {
+            Some([one]) => Some(one.clone()),
+            _ => upstream
+                .labels
+                .get(name)
+                .map(str::to_string)
+                .or_else(|| asked.and_then(|v| v.first().cloned())),
+        }
+    }
+}
+
 pub struct SessionPlan {
     pub key: SessionKey,
+    /// The binding's name in the store: the key, and inside a label filter the filter too
+    /// (`s1|country=us`), so the same key with another filter is another session.
+    pub binding: String,
     pub ttl: Duration,
     /// The gateway minted the key for this request (`X-Pool-Session: create`).
     pub minted: bool,
@@ -95,16 +131,22 @@ pub async fn acquire(
         let preferred;
         // Whether members beyond those offered could still be asked (sessions only).
         let mut more = false;
+        let within = route.filter.as_deref().map(FilterView::subset);
         let want = match &route.session {
-            None => Want::Any { exclude: &exclude },
+            None => Want::Any {
+                exclude: &exclude,
+                within,
+            },
             Some(s) => {
-                preferred = pool.placement.preferred(s.key.as_str(), offer, tried);
+                let ring = route.filter.as_ref().map_or(&pool.placement, |f| &f.ring);
+                preferred = ring.preferred(s.key.as_str(), offer, tried);
                 more = preferred.len() == offer;
                 Want::Session {
-                    key: s.key.as_str(),
+                    key: &s.binding,
                     ttl: s.ttl,
                     preferred: &preferred,
                     rebind: pool.config.rebind_on_failure,
+                    within,
                 }
             }
         };
@@ -150,6 +192,11 @@ pub async fn acquire(
                 });
             }
             Acquired::NoCandidates if limited.is_some() => {}
+            // Every member of the filter is out of service: as when all are at their cap, the
+            // request waits for one to come back (or a release), then the pool is exhausted.
+            Acquired::NoCandidates if route.filter.is_some() && tried.is_empty() => {
+                at_capacity = true
+            }
             Acquired::NoCandidates => return Err(ProxyError::NoUpstream),
         }
         if at_capacity && waiter.is_none() {

@@ -245,6 +245,10 @@ fn conn_key(upstream: &Upstream, target: &Target) -> ConnKey {
     ConnKey {
         upstream: upstream.id.clone(),
         target: (!upstream.scheme.speaks_http_proxy()).then(|| target.clone()),
+        login: upstream
+            .templated
+            .then(|| upstream.credentials.as_ref().map(|c| c.username.clone()))
+            .flatten(),
     }
 }
 

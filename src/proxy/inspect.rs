@@ -46,8 +46,9 @@ use crate::target::Target;
 use crate::upstream::connect::{BoxIo, Rewind};
 use crate::upstream::{Upstream, UpstreamId};
 
-/// The client's side of a CONNECT, once upgraded.
-pub type ClientIo = TokioIo<hyper::upgrade::Upgraded>;
+/// The client's side of a tunnel, once it has been told the tunnel is up (CONNECT's 200, the
+/// SOCKS5 success reply).
+pub type ClientIo = BoxIo;
 /// The client's stream with the bytes already read put back in front.
 pub type Replayed = Rewind<ClientIo>;
 

@@ -3,6 +3,8 @@
 //! `handle` is the service hyper calls for every request on the proxy port. It sends absolute-form
 //! requests to [`forward`] and CONNECT to [`tunnel`]; both share the steps here: admit the target,
 //! read the session, pick the pool ([`route`]), then lease and connect with retry ([`open`]).
+//! The SOCKS5 port's connections go to [`socks`], which routes with [`route_ask`] from the login
+//! it read and carries its tunnels as [`tunnel`] does.
 
 pub mod forward;
 pub mod framing;
@@ -12,18 +14,20 @@ pub mod ledger;
 pub mod observe;
 pub mod pipe;
 pub mod respond;
+pub mod socks;
 pub mod tunnel;
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::accounting::{End, Ticket};
+use crate::accounting::{Door, End, Ticket};
 use crate::admit;
 use crate::auth::AuthFailure;
+use crate::config::{AuthConfig, UserConfig};
 use crate::error::ProxyError;
 use crate::limits::Guarded;
 use crate::outcome::Outcome;
@@ -56,7 +60,7 @@ pub async fn handle(
     mut req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Guarded<Body, Ticket>> {
-    let ticket = gw.counters.accept();
+    let ticket = gw.counters.accept(Door::Http);
     let entry = ledger::begin(&gw, &mut req, peer);
     let connect = req.method() == Method::CONNECT;
     let result = if let Err(e) = framing::check_request(&req) {
@@ -137,24 +141,14 @@ pub async fn route_ask(
         .required()
         .then(|| ask.user.as_deref().map(Arc::from))
         .flatten();
-    let user = if live.auth.required() {
-        let user = gw
-            .auth
-            .authenticate(
-                &live.auth,
-                peer.ip(),
-                ask.user.as_deref(),
-                ask.password.as_deref(),
-            )
-            .await
-            .map_err(|e| match e {
-                AuthFailure::LockedOut { retry_after } => ProxyError::AuthLockedOut { retry_after },
-                AuthFailure::Missing | AuthFailure::Invalid => ProxyError::AuthRequired,
-            })?;
-        Some(user)
-    } else {
-        None
-    };
+    let user = login(
+        gw,
+        &live.auth,
+        peer.ip(),
+        ask.user.as_deref(),
+        ask.password.as_deref(),
+    )
+    .await?;
     gw.policy.load().check(target, connect)?;
     let pools: Arc<PoolSet> = gw.pools.load_full();
     let allowed = user.and_then(|u| u.pools.as_ref());
@@ -172,25 +166,54 @@ pub async fn route_ask(
             return Err(ProxyError::PoolDenied(pool.name().to_string()));
         }
     }
-    let session = match (ask.session, ask.create) {
-        (Some(key), _) => Some(SessionPlan {
-            key,
-            ttl: ask.ttl.unwrap_or(pool.config.session_ttl),
-            minted: false,
-        }),
-        (None, true) => Some(SessionPlan {
-            key: session::mint_key(),
-            ttl: ask.ttl.unwrap_or(pool.config.session_ttl),
-            minted: true,
-        }),
-        (None, false) => None,
+    let filter = pool.filter(&ask.labels)?;
+    let (key, minted) = match (ask.session, ask.create) {
+        (Some(key), _) => (Some(key), false),
+        (None, true) => (Some(session::mint_key()), true),
+        (None, false) => (None, false),
     };
+    let session = key.map(|key| SessionPlan {
+        binding: match &filter {
+            Some(f) => format!("{key}|{}", f.filter),
+            None => key.as_str().to_string(),
+        },
+        key,
+        ttl: ask.ttl.unwrap_or(pool.config.session_ttl),
+        minted,
+    });
     Ok(Route {
         pool,
+        filter,
         session,
         target_host: Arc::from(target.host.as_str()),
         user: user_name,
     })
+}
+
+/// Checks a client's proxy login when users are configured, the login back-off's lockout
+/// included: the user logged in, or `None` when no users are configured (anyone may use the
+/// proxy, within `client_cidrs`). [`route_ask`] calls it; a front door whose protocol answers the
+/// login before the request (SOCKS5) calls it first, and [`route_ask`]'s own check then finds the
+/// login remembered.
+pub async fn login<'a>(
+    gw: &Gateway,
+    auth: &'a AuthConfig,
+    client: IpAddr,
+    user: Option<&str>,
+    password: Option<&str>,
+) -> Result<Option<&'a UserConfig>, ProxyError> {
+    if !auth.required() {
+        return Ok(None);
+    }
+    let user = gw
+        .auth
+        .authenticate(auth, client, user, password)
+        .await
+        .map_err(|e| match e {
+            AuthFailure::LockedOut { retry_after } => ProxyError::AuthLockedOut { retry_after },
+            AuthFailure::Missing | AuthFailure::Invalid => ProxyError::AuthRequired,
+        })?;
+    Ok(Some(user))
 }
 
 /// Leases an upstream and connects through it, trying further upstreams when connecting fails
@@ -211,7 +234,7 @@ where
     let mut tried: Vec<UpstreamId> = Vec::new();
     let mut last: Option<(UpstreamId, ConnectError)> = None;
     for _ in 0..=route.pool.config.retries {
-        let lease = match select::acquire(gw, route, &tried).await {
+        let mut lease = match select::acquire(gw, route, &tried).await {
             Ok(lease) => lease,
             Err(ProxyError::NoUpstream) if last.is_some() => break,
             Err(e) => {
@@ -219,10 +242,14 @@ where
                 return Err(e);
             }
         };
-        let (Some(upstream), Some(grant)) = (lease.upstream().cloned(), lease.grant().cloned())
+        let (Some(mut upstream), Some(grant)) = (lease.upstream().cloned(), lease.grant().cloned())
         else {
             return Err(ProxyError::NoUpstream);
         };
+        if upstream.templated {
+            upstream = Arc::new(upstream.filled(&|name| route.placeholder(&upstream, name)));
+            lease.use_upstream(upstream.clone());
+        }
         match connect(upstream).await {
             Ok(conn) => {
                 let mut lease = lease;
@@ -262,7 +289,7 @@ where
                         });
                     }
                     gw.store
-                        .unbind(route.pool.name(), s.key.as_str(), &grant.upstream)
+                        .unbind(route.pool.name(), &s.binding, &grant.upstream)
                         .await?;
                 }
                 tried.push(grant.upstream.clone());

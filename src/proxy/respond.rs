@@ -1,6 +1,6 @@
 //! Errors become responses here, and only here: one function per front door keyed on the error's
 //! variant (never its message). For HTTP: the status, `X-Pool-Error`, an RFC 9209 `Proxy-Status`
-//! and a one-line body; the SOCKS front door will map the same variants to reply codes here.
+//! and a one-line body. For SOCKS5: [`socks_reply`], the reply code of the same variants.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
@@ -9,7 +9,8 @@ use http_body_util::{BodyExt, Full};
 use crate::body::Body;
 use crate::error::{ProxyError, retry_after_secs};
 use crate::intercept::OriginTlsFault;
-use crate::upstream::connect::ConnectError;
+use crate::socks5::Reply;
+use crate::upstream::connect::{ConnectError, SocksFault};
 
 /// Name this gateway uses in `Proxy-Status`.
 pub const PROXY_NAME: &str = "poolgate";
@@ -94,6 +95,11 @@ impl ErrorResponse for ProxyError {
             NoUpstream => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no-upstream-available",
+                "destination_unavailable",
+            ),
+            NoMatchingUpstream { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no-matching-upstream",
                 "destination_unavailable",
             ),
             SessionUpstreamUnavailable { cause, .. } => (
@@ -195,11 +201,153 @@ impl ErrorResponse for ProxyError {
     }
 }
 
+/// The SOCKS5 reply for a [`ProxyError`], keyed on its variant as [`ErrorResponse::parts`] is:
+/// `02` for what policy refuses, the upstream's (or the target's) own word where it said why a
+/// connect failed (`03`, `04`, `05`, `06`), `01` for everything else. Login failures never get
+/// here: a SOCKS5 login is refused at its sub-negotiation, with status `01`.
+pub fn socks_reply(e: &ProxyError) -> Reply {
+    use ProxyError::*;
+    match e {
+        TargetDenied(_) | ClientDenied | PoolDenied(_) => Reply::NotAllowed,
+        // Only after a reload between a SOCKS login and its request (users added, a lockout).
+        AuthRequired | AuthLockedOut { .. } | BadUsername(_) => Reply::NotAllowed,
+        SessionUpstreamUnavailable { cause, .. } => {
+            cause.as_ref().map_or(Reply::GeneralFailure, connect_reply)
+        }
+        UpstreamConnect { source, .. } => connect_reply(source),
+        UpstreamTimeout { .. } => Reply::TtlExpired,
+        NotProxyRequest
+        | BadRequest(_)
+        | BadSessionHeader(_)
+        | UnknownPool(_)
+        | BodyTooLarge { .. }
+        | BadRequestBody
+        | PoolExhausted
+        | RateLimited { .. }
+        | NoUpstream
+        | NoMatchingUpstream { .. }
+        | UpstreamProtocol { .. }
+        | UpstreamBadResponse { .. }
+        | OriginTls { .. }
+        | Store(_) => Reply::GeneralFailure,
+    }
+}
+
+/// The SOCKS5 reply for a failed connect through an upstream.
+fn connect_reply(e: &ConnectError) -> Reply {
+    match e {
+        ConnectError::TargetDns { .. } => Reply::HostUnreachable,
+        ConnectError::Refused { .. } => Reply::ConnectionRefused,
+        ConnectError::Timeout { .. } => Reply::TtlExpired,
+        ConnectError::Io { error, .. } if error.kind() == std::io::ErrorKind::TimedOut => {
+            Reply::TtlExpired
+        }
+        ConnectError::TargetDenied { .. } => Reply::NotAllowed,
+        // An HTTP upstream's CONNECT status, where it says why.
+        ConnectError::ProxyRefused { status, .. } => match status {
+            403 => Reply::NotAllowed,
+            502 => Reply::HostUnreachable,
+            504 => Reply::TtlExpired,
+            _ => Reply::GeneralFailure,
+        },
+        // A SOCKS5 upstream's reply code, passed on.
+        ConnectError::Socks { fault, .. } => match fault {
+            SocksFault::NotAllowed => Reply::NotAllowed,
+            SocksFault::NetworkUnreachable => Reply::NetworkUnreachable,
+            SocksFault::HostUnreachable => Reply::HostUnreachable,
+            SocksFault::ConnectionRefused => Reply::ConnectionRefused,
+            SocksFault::TtlExpired => Reply::TtlExpired,
+            SocksFault::AuthRejected
+            | SocksFault::NoAcceptableAuth
+            | SocksFault::AuthRequired
+            | SocksFault::BadCredentials
+            | SocksFault::GeneralFailure
+            | SocksFault::CommandNotSupported
+            | SocksFault::AddressTypeNotSupported
+            | SocksFault::Protocol => Reply::GeneralFailure,
+        },
+        ConnectError::ProxyDns { .. }
+        | ConnectError::Reset { .. }
+        | ConnectError::Bind { .. }
+        | ConnectError::Io { .. }
+        | ConnectError::Tls { .. }
+        | ConnectError::ProxyAuth { .. }
+        | ConnectError::BadReply { .. }
+        | ConnectError::InvalidTarget { .. }
+        | ConnectError::NotHttpProxy { .. } => Reply::GeneralFailure,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ratelimit::Scope;
     use std::time::Duration;
+
+    #[test]
+    fn socks_replies_follow_the_variant_and_the_upstream_word() {
+        let up = || crate::upstream::UpstreamId::new("http://a:1");
+        let connect = |source| ProxyError::UpstreamConnect {
+            upstream: up(),
+            source,
+        };
+        let addr = || "a:1".to_string();
+        let cases = [
+            (ProxyError::TargetDenied("x"), Reply::NotAllowed),
+            (ProxyError::ClientDenied, Reply::NotAllowed),
+            (ProxyError::PoolExhausted, Reply::GeneralFailure),
+            (ProxyError::NoUpstream, Reply::GeneralFailure),
+            (
+                connect(ConnectError::Refused { addr: addr() }),
+                Reply::ConnectionRefused,
+            ),
+            (
+                connect(ConnectError::TargetDns {
+                    host: "nx.test".into(),
+                    error: std::io::ErrorKind::NotFound.into(),
+                }),
+                Reply::HostUnreachable,
+            ),
+            (
+                connect(ConnectError::Timeout {
+                    addr: addr(),
+                    after: Duration::from_secs(1),
+                }),
+                Reply::TtlExpired,
+            ),
+            (
+                connect(ConnectError::Socks {
+                    addr: addr(),
+                    fault: SocksFault::HostUnreachable,
+                }),
+                Reply::HostUnreachable,
+            ),
+            (
+                connect(ConnectError::ProxyRefused {
+                    addr: addr(),
+                    status: 403,
+                }),
+                Reply::NotAllowed,
+            ),
+            (
+                ProxyError::SessionUpstreamUnavailable {
+                    upstream: up(),
+                    cause: None,
+                },
+                Reply::GeneralFailure,
+            ),
+            (
+                ProxyError::SessionUpstreamUnavailable {
+                    upstream: up(),
+                    cause: Some(ConnectError::Refused { addr: addr() }),
+                },
+                Reply::ConnectionRefused,
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(socks_reply(&e), want, "{e}");
+        }
+    }
 
     #[test]
     fn generated_responses_carry_code_and_proxy_status() {

@@ -2,9 +2,10 @@
 //!
 //! The upstream leg is opened first, so a failure is answered with a proper 502 rather than a 200
 //! followed by a closed socket. Then, in hyper's order: answer 200 with an empty body, take the
-//! upgraded connection in a tracked task (hyper no longer tracks it), and either hand it to
-//! [`crate::intercept`] (pools with `inspect_tls`) or copy both ways until the tunnel ends. The
-//! lease is held, and renewed, for the tunnel's whole life.
+//! upgraded connection in a tracked task (hyper no longer tracks it), and carry it ([`Carry`]:
+//! hand it to [`crate::intercept`] for pools with `inspect_tls`, or copy both ways until the
+//! tunnel ends). The lease is held, and renewed, for the tunnel's whole life. The SOCKS5 front
+//! door ([`crate::proxy::socks`]) carries its tunnels the same way.
 //!
 //! An opaque tunnel is judged by its bytes alone ([`judge`]): the upstream closing it at once
 //! with (next to) nothing sent, or a TLS handshake that gets no answer at all within
@@ -22,17 +23,20 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::accounting::Door;
 use crate::body::{self, Body};
 use crate::error::ProxyError;
-use crate::intercept;
+use crate::intercept::{self, HostPattern};
 use crate::limits::{Activity, Tracked};
 use crate::outcome::Outcome;
 use crate::pool::lease::Lease;
+use crate::pool::select::Route;
 use crate::proxy::inspect::{self, Opening};
 use crate::proxy::pipe::{self, End, Side};
 use crate::proxy::{self, headers};
 use crate::server::AfterUpgrade;
 use crate::state::Gateway;
+use crate::target::Target;
 use crate::upstream::connect::{BoxIo, Io, Rewind};
 
 /// An upstream that ends a tunnel this soon after it was established...
@@ -60,20 +64,12 @@ pub async fn handle(
 
     let mut resp = Response::new(body::empty());
     *resp.status_mut() = StatusCode::OK;
-    let session = route.session.as_ref().map(|s| s.key.as_str().to_string());
+    let carry = Carry::plan(gw, Door::Http, &route, target);
     if let Some(up) = lease.upstream() {
-        headers::annotate_response(resp.headers_mut(), up, session.as_deref());
-    }
-    let pool = &route.pool.config;
-    let inspect = pool.inspect_tls
-        && gw.intercept.enabled()
-        && !intercept::excluded(&pool.inspect_exclude, &target.host);
-    if pool.inspect_tls && !inspect {
-        intercept::InterceptStats::bump(&gw.intercept.stats.tunnels_excluded);
+        headers::annotate_response(resp.headers_mut(), up, carry.session.as_deref());
     }
 
     let gw = gw.clone();
-    let exclude = pool.inspect_exclude.clone();
     let after = req.extensions().get::<AfterUpgrade>().cloned();
     let tasks = gw.tasks.clone();
     let tunnel = async move {
@@ -85,19 +81,7 @@ pub async fn handle(
                 return;
             }
         };
-        if !inspect {
-            return relay(&gw, unwrap_client(client), io, lease).await;
-        }
-        let client = TokioIo::new(client);
-        // Boxed: inspection's state is large, and an opaque tunnel should not carry (and copy
-        // into its task) room for it.
-        match Box::pin(inspect::open(&gw, client, &target, &exclude)).await {
-            Opening::Inspect(hello) => {
-                Box::pin(inspect::serve(gw, hello, io, lease, target, session)).await
-            }
-            Opening::PassThrough(client) => relay(&gw, client, io, lease).await,
-            Opening::Gone => lease.finish(Outcome::Cancelled),
-        }
+        carry.run(gw, unwrap_client(client), io, lease).await
     };
     // The connection's task runs the tunnel once hyper hands the connection over; a connection
     // served without that hook (none today) gets a task of its own.
@@ -108,6 +92,68 @@ pub async fn handle(
         }
     }
     Ok(resp)
+}
+
+/// How a tunnel is carried once its client has been told it is up (CONNECT's 200, the SOCKS5
+/// success reply): inspected, for a pool with `inspect_tls` and a target it does not exclude, or
+/// relayed as bytes. Every front door's tunnels go through here.
+pub struct Carry {
+    door: Door,
+    inspect: bool,
+    exclude: Vec<HostPattern>,
+    target: Target,
+    /// The route's session key, for inspected responses' `X-Pool-Session`.
+    pub session: Option<String>,
+}
+
+impl Carry {
+    /// Decides how a tunnel to `target` on `route` is carried (counting a tunnel its pool would
+    /// inspect but interception cannot or may not).
+    pub fn plan(gw: &Gateway, door: Door, route: &Route, target: Target) -> Carry {
+        let pool = &route.pool.config;
+        let inspect = pool.inspect_tls
+            && gw.intercept.enabled()
+            && !intercept::excluded(&pool.inspect_exclude, &target.host);
+        if pool.inspect_tls && !inspect {
+            intercept::InterceptStats::bump(&gw.intercept.stats.tunnels_excluded);
+        }
+        Carry {
+            door,
+            inspect,
+            exclude: if inspect {
+                pool.inspect_exclude.clone()
+            } else {
+                Vec::new()
+            },
+            target,
+            session: route.session.as_ref().map(|s| s.key.as_str().to_string()),
+        }
+    }
+
+    /// Carries the tunnel between `client` and `upstream` to its end, holding `lease` for its
+    /// whole life and recording its outcome there.
+    pub async fn run(self, gw: Arc<Gateway>, client: BoxIo, upstream: BoxIo, lease: Lease) {
+        if !self.inspect {
+            return relay(&gw, self.door, client, upstream, lease).await;
+        }
+        // Boxed: inspection's state is large, and an opaque tunnel should not carry (and copy
+        // into its task) room for it.
+        match Box::pin(inspect::open(&gw, client, &self.target, &self.exclude)).await {
+            Opening::Inspect(hello) => {
+                Box::pin(inspect::serve(
+                    gw,
+                    hello,
+                    upstream,
+                    lease,
+                    self.target,
+                    self.session,
+                ))
+                .await
+            }
+            Opening::PassThrough(client) => relay(&gw, self.door, client, upstream, lease).await,
+            Opening::Gone => lease.finish(Outcome::Cancelled),
+        }
+    }
 }
 
 /// The client's connection as the socket it is, without hyper's wrapping (any bytes hyper read
@@ -131,8 +177,8 @@ fn unwrap_client(upgraded: Upgraded) -> BoxIo {
 /// the tunnel's outcome as [`judge`] sees it. A tunnel with no bytes moving for
 /// `tunnel_idle_timeout` is closed, and so is every tunnel still open when the shutdown grace has
 /// run out.
-pub async fn relay(gw: &Gateway, client: impl Io, upstream: BoxIo, lease: Lease) {
-    let _open = gw.counters.tunnel();
+pub async fn relay(gw: &Gateway, door: Door, client: impl Io, upstream: BoxIo, lease: Lease) {
+    let _open = gw.counters.tunnel(door);
     let idle_timeout = gw.live.load().server.tunnel_idle_timeout;
     let activity = Activity::new();
     let renew_every = lease.ttl() / 2;

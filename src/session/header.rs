@@ -7,8 +7,10 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use http::header::PROXY_AUTHORIZATION;
 use http::{HeaderMap, HeaderName};
 
-use super::{HEADER_KEY_FORM, MAX_POOL_NAME_LEN, SessionError, SessionKey};
+use super::username::TARGETING_KEYS;
+use super::{HEADER_KEY_FORM, LabelWant, MAX_POOL_NAME_LEN, SessionError, SessionKey};
 use super::{is_header_key, is_name, shown};
+use crate::upstream::labels::fold;
 
 /// Headers the gateway reads and must strip before forwarding (lower-case): x-pool-session,
 /// x-pool-name, x-lpm-session, zyte-session-id, x-crawlera-session. (`X-Pool-*` in general is
@@ -19,6 +21,7 @@ pub const SESSION_HEADERS: &[&str] = &[
     "x-lpm-session",
     "zyte-session-id",
     "x-crawlera-session",
+    "x-pool-labels",
 ];
 
 /// Session headers in priority order, each with whether its value `create` asks for a minted key
@@ -47,9 +50,12 @@ static KEY_HEADERS: [(HeaderName, bool, &str); 4] = [
 ];
 
 static POOL_HEADER: HeaderName = HeaderName::from_static("x-pool-name");
+static LABELS_HEADER: HeaderName = HeaderName::from_static("x-pool-labels");
 
 const CREATE_OR_KEY_FORM: &str = "`create` or <key>, 1 to 128 characters of [A-Za-z0-9._~:@+=-]";
 const POOL_HEADER_FORM: &str = "<name>, 1 to 64 characters of [A-Za-z0-9_-]";
+const LABELS_FORM: &str =
+    "<key>=<value>[|<value>…], … with keys and values of 1 to 64 characters of [a-z0-9_.-]";
 pub(super) const BASIC_FORM: &str = "Basic <base64 of user:password>";
 
 /// What the winning session header asked for.
@@ -191,5 +197,101 @@ mod tests {
             assert!(SESSION_HEADERS.contains(&name.as_str()), "{name}");
         }
         assert!(SESSION_HEADERS.contains(&POOL_HEADER.as_str()));
+    }
+}
+
+/// `X-Pool-Labels: country=us|ca, type=residential`: the exit asked for. `cc` is `country`, as
+/// in usernames. Strict like the session headers: a malformed or repeated pair is a 400.
+pub(super) fn header_labels(headers: &HeaderMap) -> Result<Option<Vec<LabelWant>>, SessionError> {
+    let Some(text) = single(headers, &LABELS_HEADER, LABELS_FORM)? else {
+        return Ok(None);
+    };
+    let invalid = || SessionError::InvalidHeader {
+        header: "x-pool-labels",
+        value: shown(text),
+        expected: LABELS_FORM,
+    };
+    let mut out: Vec<LabelWant> = Vec::new();
+    for pair in text.split(',').map(str::trim) {
+        let (k, v) = pair.split_once('=').ok_or_else(invalid)?;
+        let mut key = fold(k.trim()).ok_or_else(invalid)?;
+        if key == "cc" {
+            key = String::from("country");
+        }
+        let values = v
+            .trim()
+            .split('|')
+            .map(fold)
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(invalid)?;
+        if out.iter().any(|w| w.key == key) {
+            return Err(invalid());
+        }
+        let named = TARGETING_KEYS.contains(&key.as_str());
+        out.push(LabelWant { key, values, named });
+    }
+    Ok(Some(out))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod label_tests {
+    use super::*;
+
+    /// (key, values joined by `|`, named) for each label asked for.
+    type Read = Vec<(String, String, bool)>;
+
+    fn labels(values: &[&str]) -> Result<Option<Read>, SessionError> {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(&LABELS_HEADER, http::HeaderValue::from_str(v).unwrap());
+        }
+        header_labels(&h).map(|o| {
+            o.map(|ws| {
+                ws.into_iter()
+                    .map(|w| (w.key, w.values.join("|"), w.named))
+                    .collect()
+            })
+        })
+    }
+
+    #[test]
+    fn the_labels_header_is_key_value_pairs_with_alternatives() {
+        assert_eq!(labels(&[]).unwrap(), None);
+        let got = labels(&["country=US|ca, Type=residential ,cc2=x-y"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            got,
+            [
+                ("country".into(), "us|ca".into(), true),
+                ("type".into(), "residential".into(), true),
+                ("cc2".into(), "x-y".into(), false),
+            ]
+        );
+        assert_eq!(
+            labels(&["cc=de"]).unwrap().unwrap(),
+            [("country".into(), "de".into(), true)]
+        );
+        for bad in [
+            "",
+            "country",
+            "country=",
+            "country=us|",
+            "=us",
+            "country=us,",
+            "country=us, country=de",
+            "cc=us, country=de",
+            "country=u s",
+            "country=us;type=x",
+        ] {
+            let e = labels(&[bad]).unwrap_err();
+            assert!(!e.is_proxy_auth(), "{bad}: a header error is a 400");
+            assert!(e.to_string().contains("x-pool-labels"), "{bad}: {e}");
+        }
+        assert!(matches!(
+            labels(&["country=us", "type=x"]),
+            Err(SessionError::HeaderRepeated { .. })
+        ));
     }
 }

@@ -26,9 +26,11 @@ mod header;
 mod username;
 
 pub use header::SESSION_HEADERS;
-use header::{BASIC_FORM, HeaderSession, basic_credentials, header_pool, header_session};
+use header::{
+    BASIC_FORM, HeaderSession, basic_credentials, header_labels, header_pool, header_session,
+};
 use username::label_form;
-pub use username::{Targeting, UsernameLabels, parse_username};
+pub use username::{TARGETING_KEYS, UsernameLabels, parse_username};
 
 /// Longest session key accepted, from a header or a username.
 pub const MAX_SESSION_KEY_LEN: usize = 128;
@@ -62,6 +64,20 @@ pub struct SessionRequest {
     pub user: Option<String>,
     /// The proxy password, if Basic credentials were given; used later for client auth.
     pub password: Option<String>,
+    /// The kind of exit asked for, from `X-Pool-Labels` or else the username's tokens; the pool
+    /// turns it into a filter over its members.
+    pub labels: Vec<LabelWant>,
+}
+
+/// One label a request asks for: its key and the values it accepts (`country=us|ca`), folded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelWant {
+    pub key: String,
+    pub values: Vec<String>,
+    /// One of [`TARGETING_KEYS`]: it applies whether or not a member declares it. Any other key
+    /// applies only in a pool where some member declares it (clients send other gateways'
+    /// parameters too).
+    pub named: bool,
 }
 
 /// Hand-written so that logging a request can never print its password.
@@ -74,6 +90,7 @@ impl fmt::Debug for SessionRequest {
             .field("ttl", &self.ttl)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("labels", &self.labels)
             .finish()
     }
 }
@@ -229,6 +246,7 @@ pub fn parse(headers: &HeaderMap) -> Result<SessionRequest, SessionError> {
     }
     let header_session = header_session(headers)?;
     let header_pool = header_pool(headers)?;
+    let header_labels = header_labels(headers)?;
 
     let mut req = match basic_credentials(headers)? {
         Some((username, password)) => from_credentials(&username, password)?,
@@ -244,6 +262,9 @@ pub fn parse(headers: &HeaderMap) -> Result<SessionRequest, SessionError> {
     }
     if header_pool.is_some() {
         req.pool = header_pool;
+    }
+    if let Some(labels) = header_labels {
+        req.labels = labels;
     }
     if req.ttl.is_some() && req.session.is_none() && !req.create {
         return Err(SessionError::LifetimeWithoutSession);
@@ -268,8 +289,20 @@ pub fn from_credentials(username: &str, password: String) -> Result<SessionReque
         pool: labels.pool,
         user: Some(labels.account),
         password: Some(password),
+        labels: labels.labels,
         ..SessionRequest::default()
     })
+}
+
+/// What a proxy login asks for where nothing else can add to it (a SOCKS5 login: no headers):
+/// [`from_credentials`], and a lifetime without a session is an error, as it is on HTTP when no
+/// header supplies the session.
+pub fn from_login(username: &str, password: String) -> Result<SessionRequest, SessionError> {
+    let req = from_credentials(username, password)?;
+    if req.ttl.is_some() && req.session.is_none() && !req.create {
+        return Err(SessionError::LifetimeWithoutSession);
+    }
+    Ok(req)
 }
 
 /// A fresh random key for `X-Pool-Session: create`: 32 hex characters (128 bits), so keys minted

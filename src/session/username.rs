@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use super::{LabelWant, SessionError, SessionKey, is_name, shown};
 use super::{MAX_LIFETIME_MINUTES, MAX_POOL_NAME_LEN, MAX_SESSION_KEY_LEN, MAX_TARGETING_LEN};
-use super::{SessionError, SessionKey, is_name, shown};
+use crate::upstream::labels::fold;
 
 /// What a proxy username carries: `<account>[-<label>-<value>]…`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -18,25 +19,10 @@ pub struct UsernameLabels {
     pub ttl: Option<Duration>,
     /// From `-pool-`.
     pub pool: Option<String>,
-    /// From the targeting labels (`-country-`, `-city-`, `-state-`, `-asn-`, `-type-`): read and
-    /// checked, so they end the account, but not used to pick upstreams yet.
-    pub targeting: Targeting,
-}
-
-/// What the targeting labels of a username ask for. Read and checked, not acted on yet: they are
-/// recognised so that `acct-country-us-session-a` logs in as `acct`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Targeting {
-    /// From `-country-`.
-    pub country: Option<String>,
-    /// From `-city-`.
-    pub city: Option<String>,
-    /// From `-state-`.
-    pub state: Option<String>,
-    /// From `-asn-`.
-    pub asn: Option<String>,
-    /// From `-type-` (residential, mobile, datacenter…).
-    pub kind: Option<String>,
+    /// The exit it asks for: the targeting tokens (`-country-us|ca`, `-cc-`, `-city-`,
+    /// `-state-`, `-asn-`, `-type-`), then every other pair that reads as a label (`-zone-x`),
+    /// which applies only where some member of the pool declares its key.
+    pub labels: Vec<LabelWant>,
 }
 
 /// Reads the labels of a proxy username: `<account>[-<label>-<value>]…`.
@@ -67,11 +53,9 @@ pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
     let mut session = None;
     let mut ttl = None;
     let mut pool = None;
-    let mut country = None;
-    let mut city = None;
-    let mut state = None;
-    let mut asn = None;
-    let mut kind_of_ip = None;
+    let mut targeting: [Option<(&'static str, Vec<String>)>; TARGETING_KEYS.len()] =
+        Default::default();
+    let mut others: Vec<LabelWant> = Vec::new();
     for pair in tokens.get(start..).unwrap_or_default().chunks(2) {
         let (label, value) = match *pair {
             [label, value] => (label, value),
@@ -90,31 +74,48 @@ pub fn parse_username(username: &str) -> Result<UsernameLabels, SessionError> {
             return Err(SessionError::EmptyLabel);
         }
         let Some((label, kind)) = recognise(label) else {
+            // Another gateway's parameter, or a label some member of the pool may declare.
+            let key = fold(label);
+            let values = alternatives(value);
+            if let (Some(key), Some(values)) = (key, values) {
+                if !others.iter().any(|w| w.key == key) {
+                    others.push(LabelWant {
+                        key,
+                        values,
+                        named: false,
+                    });
+                }
+            }
             continue;
         };
         match kind {
             Kind::Session => take(&mut session, label, value, session_key)?,
             Kind::Lifetime => take(&mut ttl, label, value, lifetime)?,
             Kind::Pool => take(&mut pool, label, value, pool_name)?,
-            Kind::Country => take(&mut country, label, value, targeting_value)?,
-            Kind::City => take(&mut city, label, value, targeting_value)?,
-            Kind::State => take(&mut state, label, value, targeting_value)?,
-            Kind::Asn => take(&mut asn, label, value, targeting_value)?,
-            Kind::Type => take(&mut kind_of_ip, label, value, targeting_value)?,
+            Kind::Target(i) => {
+                let slot = targeting.get_mut(i).ok_or(SessionError::EmptyLabel)?;
+                take(slot, label, value, alternatives)?
+            }
         }
     }
+    let mut labels: Vec<LabelWant> = TARGETING_KEYS
+        .iter()
+        .zip(targeting)
+        .filter_map(|(key, slot)| {
+            slot.map(|(_, values)| LabelWant {
+                key: (*key).to_string(),
+                values,
+                named: true,
+            })
+        })
+        .collect();
+    labels.extend(others);
     Ok(UsernameLabels {
         account,
         session: session.map(|s| s.1),
         ttl: ttl.map(|t| t.1),
         pool: pool.map(|p| p.1),
-        targeting: Targeting {
-            country: country.map(|v| v.1),
-            city: city.map(|v| v.1),
-            state: state.map(|v| v.1),
-            asn: asn.map(|v| v.1),
-            kind: kind_of_ip.map(|v| v.1),
-        },
+        labels,
     })
 }
 
@@ -147,12 +148,13 @@ enum Kind {
     Session,
     Lifetime,
     Pool,
-    Country,
-    City,
-    State,
-    Asn,
-    Type,
+    /// A targeting label: its key is `TARGETING_KEYS[i]`.
+    Target(usize),
 }
+
+/// The label keys every pool understands, whether or not a member declares them: a request for
+/// one that no member has gets `503 no-matching-upstream`, not an exit of any kind.
+pub const TARGETING_KEYS: [&str; 5] = ["country", "city", "state", "asn", "type"];
 
 /// Recognised username labels, lower-case, with the gateway habit each comes from. Another
 /// spelling of something already read is one row here.
@@ -164,12 +166,13 @@ const LABELS: &[(&str, Kind)] = &[
     ("sessionduration", Kind::Lifetime), // Decodo
     ("lifetime", Kind::Lifetime),        // generic
     ("pool", Kind::Pool),
-    // Targeting, as Bright Data, Decodo, Oxylabs and SOAX spell it: read, not used yet.
-    ("country", Kind::Country),
-    ("city", Kind::City),
-    ("state", Kind::State),
-    ("asn", Kind::Asn),
-    ("type", Kind::Type),
+    // Targeting, as Bright Data, Decodo, Oxylabs and SOAX spell it.
+    ("country", Kind::Target(0)),
+    ("cc", Kind::Target(0)), // Oxylabs
+    ("city", Kind::Target(1)),
+    ("state", Kind::Target(2)),
+    ("asn", Kind::Target(3)),
+    ("type", Kind::Target(4)),
 ];
 
 fn recognise(token: &str) -> Option<(&'static str, Kind)> {
@@ -188,9 +191,9 @@ pub(super) fn label_form(label: &str) -> String {
         Some(Kind::Pool) => {
             format!("<user>-{label}-<name>, 1 to {MAX_POOL_NAME_LEN} characters of [A-Za-z0-9_]")
         }
-        Some(Kind::Country | Kind::City | Kind::State | Kind::Asn | Kind::Type) => {
-            format!("<user>-{label}-<value>, 1 to {MAX_TARGETING_LEN} characters of [A-Za-z0-9_.]")
-        }
+        Some(Kind::Target(_)) => format!(
+            "<user>-{label}-<value>[|<value>…], each 1 to {MAX_TARGETING_LEN} characters of [A-Za-z0-9_.]"
+        ),
         Some(Kind::Session) | None => {
             format!("<user>-{label}-<key>, 1 to {MAX_SESSION_KEY_LEN} characters of [A-Za-z0-9_.]")
         }
@@ -216,12 +219,18 @@ fn session_key(value: &str) -> Option<SessionKey> {
     .then(|| SessionKey(value.to_owned()))
 }
 
-/// A targeting value (`us`, `new_york`, `7922`, `residential`): a name without `-`, kept as given.
-fn targeting_value(value: &str) -> Option<String> {
-    is_name(value, MAX_TARGETING_LEN, |c| {
-        c.is_ascii_alphanumeric() || c == '_' || c == '.'
-    })
-    .then(|| value.to_owned())
+/// A targeting value (`us`, `new_york`, `7922`, `residential`), or alternatives `us|ca`: names
+/// without `-`, folded to lower case as labels are.
+fn alternatives(value: &str) -> Option<Vec<String>> {
+    value
+        .split('|')
+        .map(|v| {
+            is_name(v, MAX_TARGETING_LEN, |c| {
+                c.is_ascii_alphanumeric() || c == '_' || c == '.'
+            })
+            .then(|| v.to_ascii_lowercase())
+        })
+        .collect()
 }
 
 /// Username pool names cannot hold `-` either, unlike `X-Pool-Name`.
@@ -404,87 +413,85 @@ pub(super) mod tests {
         }
     }
 
-    /// Targeting labels: (username, account, session, [country, city, state, asn, type]) for
-    /// usernames that parse, or the error variant for those that do not.
+    /// Targeting labels: (username, account, session, labels as `key=a|b` words, other keys
+    /// marked `~`) for usernames that parse, or the error variant for those that do not.
     type TargetingCase = (
         &'static str,
-        Result<
-            (
-                &'static str,
-                Option<&'static str>,
-                [Option<&'static str>; 5],
-            ),
-            &'static str,
-        >,
+        Result<(&'static str, Option<&'static str>, &'static str), &'static str>,
     );
 
     const TARGETING: &[TargetingCase] = &[
         (
             "acct-country-us-session-a",
-            Ok(("acct", Some("a"), [Some("us"), None, None, None, None])),
+            Ok(("acct", Some("a"), "country=us")),
         ),
         (
             "acct-country-US-city-new_york-state-us_ny-asn-7922-type-residential",
             Ok((
                 "acct",
                 None,
-                [
-                    Some("US"),
-                    Some("new_york"),
-                    Some("us_ny"),
-                    Some("7922"),
-                    Some("residential"),
-                ],
+                "country=us city=new_york state=us_ny asn=7922 type=residential",
             )),
         ),
         (
             "brd-customer-hl_1-zone-res-Country-de-session-k9-sesstime-5",
-            Ok((
-                "brd-customer-hl_1-zone-res",
-                Some("k9"),
-                [Some("de"), None, None, None, None],
-            )),
+            Ok(("brd-customer-hl_1-zone-res", Some("k9"), "country=de")),
         ),
         (
             "acct-session-a-TYPE-mobile-ASN-AS7922",
-            Ok((
-                "acct",
-                Some("a"),
-                [None, None, None, Some("AS7922"), Some("mobile")],
-            )),
+            Ok(("acct", Some("a"), "asn=as7922 type=mobile")),
         ),
         (
             "acct-state-ca-zone-x-city-st.louis",
-            Ok((
-                "acct",
-                None,
-                [None, Some("st.louis"), Some("ca"), None, None],
-            )),
+            Ok(("acct", None, "city=st.louis state=ca ~zone=x")),
+        ),
+        // Oxylabs' `cc`, alternatives, and pairs for other gateways (or declared keys).
+        (
+            "acct-cc-US-session-s1",
+            Ok(("acct", Some("s1"), "country=us")),
+        ),
+        (
+            "acct-country-us|CA-Tier-Gold|silver-x-a|",
+            // `a|` holds an empty alternative: not a label, so skipped like any foreign pair.
+            Ok(("acct", None, "country=us|ca ~tier=gold|silver")),
+        ),
+        (
+            "acct-country-us-Zone-a-zone-b",
+            Ok(("acct", None, "country=us ~zone=a")),
         ),
         ("acct-country-u!s", Err("InvalidValue")),
+        ("acct-country-us|", Err("InvalidValue")),
+        ("acct-country-|us", Err("InvalidValue")),
         ("acct-city-", Err("MissingValue")),
         ("acct-asn-1-asn-2", Err("RepeatedLabel")),
+        ("acct-country-us-cc-de", Err("RepeatedLabel")),
         ("type-mobile", Err("EmptyAccount")),
     ];
+
+    fn shown_labels(labels: &[LabelWant]) -> String {
+        labels
+            .iter()
+            .map(|w| {
+                let mark = if w.named { "" } else { "~" };
+                format!("{mark}{}={}", w.key, w.values.join("|"))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 
     #[test]
     fn targeting_labels_end_the_account_and_are_read() {
         for &(username, expect) in TARGETING {
             let got = parse_username(username);
             match (expect, &got) {
-                (Ok((account, session, [country, city, state, asn, kind])), Ok(l)) => {
+                (Ok((account, session, labels)), Ok(l)) => {
                     assert_eq!(l.account, account, "{username}");
                     assert_eq!(
                         l.session.as_ref().map(SessionKey::as_str),
                         session,
                         "{username}"
                     );
-                    let t = &l.targeting;
-                    assert_eq!(t.country.as_deref(), country, "{username}");
-                    assert_eq!(t.city.as_deref(), city, "{username}");
-                    assert_eq!(t.state.as_deref(), state, "{username}");
-                    assert_eq!(t.asn.as_deref(), asn, "{username}");
-                    assert_eq!(t.kind.as_deref(), kind, "{username}");
+                    assert_eq!(shown_labels(&l.labels), labels, "{username}");
                 }
                 (Err(name), Err(e)) => {
                     assert_eq!(variant(e), name, "{username}: {e}");
@@ -495,7 +502,7 @@ pub(super) mod tests {
         }
         let long = "x".repeat(MAX_TARGETING_LEN);
         let l = parse_username(&format!("u-city-{long}")).unwrap();
-        assert_eq!(l.targeting.city.as_deref(), Some(long.as_str()));
+        assert_eq!(shown_labels(&l.labels), format!("city={long}"));
         assert!(parse_username(&format!("u-city-{long}x")).is_err());
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use crate::upstream::{Upstream, UpstreamId};
+use crate::upstream::{Labels, Upstream, UpstreamId};
 
 /// Entries past this are ignored (with a warning): a runaway list must not eat the gateway.
 pub const MAX_ENTRIES: usize = 100_000;
@@ -23,9 +23,10 @@ pub fn parse(text: &str, origin: &str) -> Listed {
     let mut out = Listed::default();
     let mut seen: HashSet<UpstreamId> = HashSet::new();
     for (i, line) in text.lines().enumerate() {
-        // A line is a URL (whose own `#` names its id) optionally followed by whitespace and a
-        // comment; a line starting with `#` is a comment.
-        let Some(url) = line.split_whitespace().next() else {
+        // A line is a URL (whose own `#` names its id), then optionally `key=value` labels, then
+        // optionally a comment (a word starting with `#`); a line starting with `#` is a comment.
+        let mut words = line.split_whitespace();
+        let Some(url) = words.next() else {
             continue;
         };
         if url.starts_with('#') {
@@ -38,7 +39,14 @@ pub fn parse(text: &str, origin: &str) -> Listed {
             ));
             break;
         }
-        match Upstream::parse(url) {
+        let labelled = Upstream::parse(url)
+            .map_err(|e| e.to_string())
+            .and_then(|mut u| {
+                u.labels = Labels::from_words(words.take_while(|w| !w.starts_with('#')))
+                    .map_err(|e| e.to_string())?;
+                Ok(u)
+            });
+        match labelled {
             Ok(u) if seen.contains(&u.id) => out.skipped.push(format!(
                 "{origin} line {lineno}: `{}` is listed twice (give one a distinct #id)",
                 u.id
@@ -81,6 +89,43 @@ mod tests {
         for m in &l.skipped {
             assert!(!m.contains("secret"), "{m}");
         }
+    }
+
+    #[test]
+    fn labels_follow_the_url_and_a_comment_ends_them() {
+        let text = "http://10.0.0.2:3128#de1 country=DE type=datacenter # berlin\n\
+                    http://u:secret@10.0.0.3:3128 country=us\n\
+                    http://10.0.0.4:3128 country\n\
+                    http://10.0.0.5:3128 country=u|s\n\
+                    http://10.0.0.6:3128 #note country=xx\n";
+        let l = parse(text, "ups.txt");
+        let got: Vec<String> = l
+            .upstreams
+            .iter()
+            .map(|u| format!("{} {}", u.id, u.labels))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "de1 country=de type=datacenter",
+                "http://10.0.0.3:3128 country=us",
+                "http://10.0.0.6:3128 ",
+            ]
+        );
+        assert_eq!(l.skipped.len(), 2, "{:?}", l.skipped);
+        assert!(
+            l.skipped[0].starts_with("ups.txt line 3:"),
+            "{:?}",
+            l.skipped
+        );
+        assert!(
+            l.skipped[1].starts_with("ups.txt line 4:"),
+            "{:?}",
+            l.skipped
+        );
+        // A labelled line reads back as itself: other instances get the labels too.
+        let again = parse(&l.upstreams[0].to_list_line(), "shared");
+        assert_eq!(again.upstreams, l.upstreams[..1]);
     }
 
     #[test]

@@ -342,7 +342,7 @@ async fn turn(
             .sources
             .admitted(name)
             .iter()
-            .map(Upstream::to_url)
+            .map(Upstream::to_list_line)
             .collect();
         t.unpublished = gw.store.put_listed(name, &text.join("\n")).await.is_err();
     }

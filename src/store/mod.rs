@@ -51,11 +51,30 @@ impl MemberState {
     };
 }
 
+/// The members of a pool that match a request's label filter. An acquire `within` one chooses
+/// among them only, by the pool's strategy, with the pool's caps and leases.
+///
+/// The store keeps an index per subset (it is told the members once, then finds them by `id`),
+/// so choosing within a narrow filter of a large pool does not walk the pool. Allocation
+/// counts for least-used are the subset's own: inside a filter, least-used spreads the
+/// requests made with that filter.
+#[derive(Clone, Copy, Debug)]
+pub struct Subset<'a> {
+    /// Names the subset: its filter and a digest of its members, the same on every instance
+    /// with the same members (a membership change makes a new subset).
+    pub id: &'a str,
+    /// The matching members, in the pool's order.
+    pub members: &'a [UpstreamId],
+}
+
 /// What an acquire asks for.
 #[derive(Clone, Copy, Debug)]
 pub enum Want<'a> {
     /// Any eligible member by the pool's strategy, except those already tried.
-    Any { exclude: &'a [UpstreamId] },
+    Any {
+        exclude: &'a [UpstreamId],
+        within: Option<Subset<'a>>,
+    },
     /// The session's upstream; on first use the first of `preferred` (consistent-hash order) that
     /// is eligible and below its cap gets bound (`AtCapacity` only when every eligible one is at
     /// its cap, `NoCandidates` when none is eligible).
@@ -65,6 +84,9 @@ pub enum Want<'a> {
         preferred: &'a [UpstreamId],
         /// Rebind instead of failing when the bound upstream is no longer a member.
         rebind: bool,
+        /// A session inside a filter: a bound upstream outside the subset is treated as one
+        /// that left the pool.
+        within: Option<Subset<'a>>,
     },
 }
 

@@ -4,6 +4,7 @@
 //! the id can be logged, shown in `/status` and sent to clients in `X-Pool-Upstream`.
 
 pub mod connect;
+pub mod labels;
 pub mod reuse;
 pub mod tls;
 
@@ -12,6 +13,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use thiserror::Error;
+
+pub use labels::{Filter, LabelError, Labels};
 
 /// Stable, credential-free name of an upstream (`http://host:port`, `direct://`, or an explicit
 /// `#name` fragment from the URL).
@@ -115,6 +118,11 @@ pub struct Upstream {
     /// The id as the `X-Pool-Upstream` value, made once: every response carries it. `None` for
     /// an id that cannot be a header value (then no response names it).
     pub id_header: Option<http::HeaderValue>,
+    /// What kind of exit it is (`country=de type=datacenter`), for requests that ask for one.
+    pub labels: Labels,
+    /// Its credentials hold `{placeholders}` (a provider's backconnect gateway): each request
+    /// connects with them filled in ([`Upstream::filled`]).
+    pub templated: bool,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -177,6 +185,8 @@ impl Upstream {
                 addr: String::new(),
                 bind,
                 credentials: None,
+                labels: Labels::default(),
+                templated: false,
             });
         }
         if rest.contains('/') || rest.contains('?') {
@@ -214,12 +224,61 @@ impl Upstream {
             port,
             addr,
             bind: None,
+            templated: credentials
+                .as_ref()
+                .is_some_and(|c| has_placeholder(&c.username) || has_placeholder(&c.password)),
             credentials,
+            labels: Labels::default(),
         })
     }
 }
 
+/// Whether `s` holds a `{name}` placeholder.
+fn has_placeholder(s: &str) -> bool {
+    s.find('{').is_some_and(|open| s[open..].contains('}'))
+}
+
+/// `s` with every `{name}` replaced by `value(name)` (nothing when it has none). Text that is not
+/// a whole placeholder (a lone brace) stays as it is.
+fn fill(s: &str, value: &dyn Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        let name = &rest[open + 1..open + close];
+        out.push_str(&value(name).unwrap_or_default());
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 impl Upstream {
+    /// This upstream with its credentials' `{name}` placeholders filled by `value` (`{session}`,
+    /// `{country}`, any label); a placeholder with no value becomes empty. The id stays: health
+    /// and blame are per member, whatever each request's credentials.
+    pub fn filled(&self, value: &dyn Fn(&str) -> Option<String>) -> Upstream {
+        let mut up = self.clone();
+        if let Some(c) = &mut up.credentials {
+            c.username = fill(&c.username, value);
+            c.password = fill(&c.password, value);
+        }
+        up
+    }
+
+    /// The upstream as a line of an upstream list, its URL and then its labels: what
+    /// [`crate::sources::list::parse`] reads back. Holds the credentials, so never for logs.
+    pub fn to_list_line(&self) -> String {
+        if self.labels.is_empty() {
+            self.to_url()
+        } else {
+            format!("{} {}", self.to_url(), self.labels)
+        }
+    }
+
     /// The URL [`Upstream::parse`] reads back into this upstream, credentials included: for
     /// handing a list to other instances through the store, never for logs.
     pub fn to_url(&self) -> String {

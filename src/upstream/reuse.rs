@@ -30,6 +30,9 @@ pub struct ConnKey {
     pub upstream: UpstreamId,
     /// `None` for an HTTP proxy upstream, whose connection carries requests for any target.
     pub target: Option<Target>,
+    /// A provider upstream's filled username: a connection made with one session's credentials
+    /// is never reused for another's.
+    pub login: Option<String>,
 }
 
 pub struct ConnPool {

@@ -62,6 +62,13 @@ impl TestGateway {
         }
     }
 
+    /// The SOCKS5 port (the config must set `server.socks_listen`).
+    pub fn socks(&self) -> SocketAddr {
+        self.running()
+            .socks_addr
+            .expect("server.socks_listen is set")
+    }
+
     pub fn proxy_url(&self) -> String {
         format!("http://{}", self.proxy)
     }

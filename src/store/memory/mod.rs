@@ -5,6 +5,7 @@
 //! and session expiry with a paused clock. The decisions themselves are `pool_state.rs`'s.
 
 mod pool_state;
+mod subset;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -369,7 +370,17 @@ mod tests {
     async fn least_used_spreads_allocations_evenly() {
         let (s, _) = store(Strategy::LeastUsed, 8, None).await;
         for _ in 0..8_000 {
-            let g = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+            let g = granted(
+                s.acquire(
+                    "p",
+                    Want::Any {
+                        exclude: &[],
+                        within: None,
+                    },
+                )
+                .await
+                .unwrap(),
+            );
             s.release("p", &g.upstream, g.lease, Outcome::Ok, Duration::ZERO)
                 .await
                 .unwrap();
@@ -385,43 +396,123 @@ mod tests {
     #[tokio::test]
     async fn cap_is_enforced_and_release_frees_capacity() {
         let (s, _) = store(Strategy::LeastUsed, 2, Some(1)).await;
-        let a = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
-        let b = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        let a = granted(
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
+        );
+        let b = granted(
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
+        );
         assert_ne!(a.upstream, b.upstream);
         assert_eq!(
-            s.acquire("p", Want::Any { exclude: &[] }).await.unwrap(),
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None
+                }
+            )
+            .await
+            .unwrap(),
             Acquired::AtCapacity
         );
         s.release("p", &a.upstream, a.lease, Outcome::Ok, Duration::ZERO)
             .await
             .unwrap();
-        let c = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        let c = granted(
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
+        );
         assert_eq!(c.upstream, a.upstream);
     }
 
     #[tokio::test(start_paused = true)]
     async fn leases_of_a_dead_gateway_expire_by_themselves() {
         let (s, _) = store(Strategy::LeastUsed, 1, Some(1)).await;
-        let _lost = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        let _lost = granted(
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
+        );
         assert_eq!(
-            s.acquire("p", Want::Any { exclude: &[] }).await.unwrap(),
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None
+                }
+            )
+            .await
+            .unwrap(),
             Acquired::AtCapacity
         );
         tokio::time::advance(Duration::from_secs(11)).await;
-        granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        granted(
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
+        );
     }
 
     #[tokio::test]
     async fn exclusion_leaves_no_candidates() {
         let (s, m) = store(Strategy::RoundRobin, 2, None).await;
         assert_eq!(
-            s.acquire("p", Want::Any { exclude: &m }).await.unwrap(),
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &m,
+                    within: None
+                }
+            )
+            .await
+            .unwrap(),
             Acquired::NoCandidates
         );
         let g = granted(
-            s.acquire("p", Want::Any { exclude: &m[..1] })
-                .await
-                .unwrap(),
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &m[..1],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
         );
         assert_eq!(g.upstream, m[1]);
     }
@@ -431,7 +522,20 @@ mod tests {
         let (s, m) = store(Strategy::RoundRobin, 3, None).await;
         let mut seen = Vec::new();
         for _ in 0..6 {
-            seen.push(granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap()).upstream);
+            seen.push(
+                granted(
+                    s.acquire(
+                        "p",
+                        Want::Any {
+                            exclude: &[],
+                            within: None,
+                        },
+                    )
+                    .await
+                    .unwrap(),
+                )
+                .upstream,
+            );
         }
         assert_eq!(
             seen,
@@ -446,13 +550,43 @@ mod tests {
         );
 
         let (s, _) = store(Strategy::LeastConnections, 3, None).await;
-        let a = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
-        let b = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        let a = granted(
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
+        );
+        let b = granted(
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
+        );
         assert_ne!(a.upstream, b.upstream);
         s.release("p", &a.upstream, a.lease, Outcome::Ok, Duration::ZERO)
             .await
             .unwrap();
-        let c = granted(s.acquire("p", Want::Any { exclude: &[] }).await.unwrap());
+        let c = granted(
+            s.acquire(
+                "p",
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
+            .await
+            .unwrap(),
+        );
         assert_ne!(c.upstream, b.upstream, "b still holds a connection");
     }
 
@@ -466,6 +600,7 @@ mod tests {
             ttl,
             preferred: &preferred,
             rebind: false,
+            within: None,
         };
         let g = granted(s.acquire("p", session).await.unwrap());
         assert_eq!((g.upstream.clone(), g.bound_now), (m[2].clone(), true));
@@ -481,6 +616,7 @@ mod tests {
                         ttl,
                         preferred: &other,
                         rebind: false,
+                        within: None,
                     },
                 )
                 .await
@@ -497,6 +633,7 @@ mod tests {
                     ttl,
                     preferred: &other,
                     rebind: false,
+                    within: None,
                 },
             )
             .await
@@ -515,6 +652,7 @@ mod tests {
             ttl,
             preferred: &pref,
             rebind: false,
+            within: None,
         };
         granted(s.acquire("p", want).await.unwrap());
         assert_eq!(
@@ -552,6 +690,7 @@ mod tests {
                     ttl,
                     preferred: &pref,
                     rebind: false,
+                    within: None,
                 },
             )
             .await
@@ -573,7 +712,8 @@ mod tests {
                     key: "k",
                     ttl,
                     preferred: &pref,
-                    rebind: false
+                    rebind: false,
+                    within: None,
                 }
             )
             .await
@@ -588,6 +728,7 @@ mod tests {
                     ttl,
                     preferred: &pref,
                     rebind: true,
+                    within: None,
                 },
             )
             .await

@@ -12,8 +12,10 @@ use crate::config::Strategy;
 use crate::fast_map::FastMap;
 use crate::outcome::Outcome;
 use crate::store::{
-    Acquired, Grant, LeaseId, MemberState, PoolSpec, PoolStatus, Want, member_status,
+    Acquired, Grant, LeaseId, MemberState, PoolSpec, PoolStatus, Subset, Want, member_status,
 };
+
+use super::subset::{MAX_SUBSETS, SubsetIndex};
 use crate::upstream::UpstreamId;
 
 /// How often expired session bindings are swept out, at most.
@@ -34,6 +36,8 @@ pub(super) struct PoolState {
     deadlines: BTreeMap<(Instant, u64), UpstreamId>,
     rr_next: usize,
     sessions: HashMap<String, Binding>,
+    /// The label filters requests asked for, by subset id.
+    subsets: HashMap<String, SubsetIndex>,
     next_lease: u64,
     last_sweep: Instant,
 }
@@ -287,6 +291,7 @@ impl PoolState {
         ttl: Duration,
         preferred: &[UpstreamId],
         rebind: bool,
+        within: Option<&str>,
         now: Instant,
     ) -> Acquired {
         self.sweep_sessions(now);
@@ -296,7 +301,11 @@ impl PoolState {
             .filter(|b| b.expires > now)
             .map(|b| b.upstream.clone());
         if let Some(up) = bound {
-            if self.keeps_sessions(&up) {
+            // A member whose labels no longer match left the filter: as if it left the pool.
+            let matches = within
+                .and_then(|id| self.subsets.get(id))
+                .is_none_or(|s| s.contains(&up));
+            if matches && self.keeps_sessions(&up) {
                 if self.at_cap(&up) {
                     return Acquired::AtCapacity;
                 }
@@ -373,6 +382,8 @@ impl PoolState {
         self.members
             .retain(|_, m| m.in_pool || !m.leases.is_empty());
         self.rr_next = 0;
+        // Subsets are named after their members: after a membership change requests name new ones.
+        self.subsets.clear();
         self.spec = spec;
         self.by_allocs = self
             .members
@@ -404,6 +415,7 @@ impl PoolState {
             deadlines: BTreeMap::new(),
             rr_next: 0,
             sessions: HashMap::new(),
+            subsets: HashMap::new(),
             next_lease: 1,
             last_sweep: now,
         };
@@ -415,13 +427,124 @@ impl PoolState {
     pub(super) fn acquire(&mut self, want: Want<'_>, now: Instant) -> Acquired {
         self.expire(now);
         match want {
-            Want::Any { exclude } => self.acquire_any(exclude, now),
+            Want::Any {
+                exclude,
+                within: None,
+            } => self.acquire_any(exclude, now),
+            Want::Any {
+                exclude,
+                within: Some(subset),
+            } => self.acquire_within(exclude, &subset, now),
             Want::Session {
                 key,
                 ttl,
                 preferred,
                 rebind,
-            } => self.acquire_session(key, ttl, preferred, rebind, now),
+                within,
+            } => {
+                if let Some(subset) = &within {
+                    self.subset(subset, now);
+                }
+                let id = within.map(|s| s.id);
+                self.acquire_session(key, ttl, preferred, rebind, id, now)
+            }
+        }
+    }
+
+    /// The index of `subset`, made from its members on first use.
+    fn subset(&mut self, subset: &Subset<'_>, now: Instant) -> &mut SubsetIndex {
+        if !self.subsets.contains_key(subset.id) && self.subsets.len() >= MAX_SUBSETS {
+            let oldest = self
+                .subsets
+                .iter()
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(id, _)| id.clone());
+            if let Some(id) = oldest {
+                self.subsets.remove(&id);
+            }
+        }
+        let index = self
+            .subsets
+            .entry(subset.id.to_string())
+            .or_insert_with(|| SubsetIndex::new(subset, now));
+        index.last_used = now;
+        index
+    }
+
+    /// An acquire by the pool's strategy among the members of `subset` only, with the pool's
+    /// caps. Least-used counts the allocations made through the subset.
+    fn acquire_within(
+        &mut self,
+        exclude: &[UpstreamId],
+        subset: &Subset<'_>,
+        now: Instant,
+    ) -> Acquired {
+        self.subset(subset, now);
+        let Some(index) = self.subsets.get(subset.id) else {
+            return Acquired::NoCandidates;
+        };
+        let candidate = |id: &UpstreamId| !exclude.contains(id) && self.eligible(id);
+        let mut saw_candidate = false;
+        let pick = match self.spec.strategy {
+            Strategy::LeastUsed | Strategy::Weighted => index
+                .by_allocs
+                .iter()
+                .map(|(_, id)| id)
+                .filter(|id| candidate(id))
+                .find(|id| {
+                    saw_candidate = true;
+                    !self.at_cap(id)
+                })
+                .cloned(),
+            Strategy::LeastConnections => index
+                .members
+                .iter()
+                .filter(|id| candidate(id))
+                .filter(|id| {
+                    saw_candidate = true;
+                    !self.at_cap(id)
+                })
+                .filter_map(|id| self.members.get(id).map(|m| (m.load_key(), id)))
+                .min_by_key(|(load, _)| *load)
+                .map(|(_, id)| id.clone()),
+            Strategy::RoundRobin => {
+                let n = index.members.len();
+                let start = index.rr_next;
+                let mut pick = None;
+                for step in 0..n {
+                    let idx = (start + step) % n;
+                    let id = &index.members[idx];
+                    if !candidate(id) {
+                        continue;
+                    }
+                    saw_candidate = true;
+                    if self.at_cap(id) {
+                        continue;
+                    }
+                    pick = Some((idx, id.clone()));
+                    break;
+                }
+                pick.map(|(idx, id)| {
+                    if let Some(index) = self.subsets.get_mut(subset.id) {
+                        index.rr_next = (idx + 1) % n;
+                    }
+                    id
+                })
+            }
+        };
+        match pick {
+            Some(id) => {
+                let cost = self
+                    .members
+                    .get(&id)
+                    .map_or(1, |m| u64::from(m.state.cost.max(1)));
+                if let Some(index) = self.subsets.get_mut(subset.id) {
+                    index.count(&id, cost);
+                }
+                self.grant(&id, now, false)
+            }
+            None if saw_candidate => Acquired::AtCapacity,
+            None => Acquired::NoCandidates,
         }
     }
 

@@ -15,6 +15,10 @@ use crate::config::Strategy;
 use crate::store::{Acquired, Grant, LeaseId, Store, StoreError, Want};
 use crate::upstream::UpstreamId;
 
+/// Subsets remembered as sent per pool; past this the memory starts over (each is sent once
+/// more when next used).
+const MAX_SUBSETS_SENT: usize = 4096;
+
 /// What waits for an acquire call: a request's lease, or a refill of the stock.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum AcquireItem {
@@ -114,7 +118,7 @@ impl Inner {
         want: Want<'_>,
     ) -> Result<Acquired, StoreError> {
         let p = self.pool(pool)?;
-        let plain = matches!(want, Want::Any { exclude } if exclude.is_empty());
+        let plain = matches!(want, Want::Any { exclude, within: None } if exclude.is_empty());
         if !plain || !p.full.load(Ordering::SeqCst) || !self.hears_events(&p) {
             let r = self.acquire_remote(pool, &p, want).await;
             if plain {
@@ -168,11 +172,19 @@ impl Inner {
     }
 
     /// `acquire.lua` with the keys and leading arguments all its modes share; `lease` is ARGV[2]
-    /// (`None` for the many mode, which ignores it) and `session` the session mode's last key.
-    fn acquire_call(&self, p: &PoolLocal, lease: Option<LeaseId>, session: Option<&str>) -> Call {
+    /// (`None` for the many mode, which ignores it), `session` the session modes' key and
+    /// `subset` a label filter's (the last keys, in that order).
+    fn acquire_call(
+        &self,
+        p: &PoolLocal,
+        lease: Option<LeaseId>,
+        session: Option<&str>,
+        subset: Option<&str>,
+    ) -> Call {
         let spec = p.spec.load();
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::ACQUIRE, 10 + usize::from(session.is_some()));
+        let extra = usize::from(session.is_some()) + usize::from(subset.is_some());
+        let mut inv = Call::new(&scripts::ACQUIRE, 10 + extra);
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
@@ -185,6 +197,9 @@ impl Inner {
             .key(&k.held);
         if let Some(key) = session {
             inv.key(&k.session(key));
+        }
+        if let Some(id) = subset {
+            inv.key(&k.subset(id));
         }
         let now = now_ms();
         inv.arg(now);
@@ -201,42 +216,85 @@ impl Inner {
         inv
     }
 
-    /// One acquire in its own call: a session's, or one that excludes upstreams.
+    /// One acquire in its own call: a session's, one that excludes upstreams, or one within a
+    /// label filter. A filter's subset is sent with its members the first time this instance
+    /// names it, and again if Redis answers that it is missing (it expired, or Redis lost its
+    /// data); else by name only.
     async fn acquire_one(
         &self,
         p: &PoolLocal,
         lease: LeaseId,
         want: Want<'_>,
     ) -> Result<AcquireReply, Fault> {
-        let session = match want {
-            Want::Session { key, .. } => Some(key),
-            Want::Any { .. } => None,
+        let (session, within) = match want {
+            Want::Session { key, within, .. } => (Some(key), within),
+            Want::Any { within, .. } => (None, within),
         };
-        let mut inv = self.acquire_call(p, Some(lease), session);
-        match want {
-            Want::Any { exclude } => {
-                inv.arg("any");
-                for id in exclude {
-                    inv.arg(id.as_str());
+        let mut send_members = within.is_some_and(|s| !locked(&p.subsets).contains(s.id));
+        loop {
+            let mut inv = self.acquire_call(p, Some(lease), session, within.map(|s| s.id));
+            let members = match within {
+                Some(s) if send_members => s.members,
+                _ => &[],
+            };
+            match want {
+                Want::Any { exclude, within } => {
+                    inv.arg(if within.is_some() { "within" } else { "any" });
+                    if within.is_some() {
+                        inv.arg(exclude.len());
+                    }
+                    for id in exclude {
+                        inv.arg(id.as_str());
+                    }
                 }
-            }
-            Want::Session {
-                key,
-                ttl,
-                preferred,
-                rebind,
-            } => {
-                inv.arg("session")
+                Want::Session {
+                    key,
+                    ttl,
+                    preferred,
+                    rebind,
+                    within,
+                } => {
+                    inv.arg(if within.is_some() {
+                        "session-within"
+                    } else {
+                        "session"
+                    })
                     .arg(millis(ttl))
                     .arg(u8::from(rebind))
                     .arg(key);
-                for id in preferred {
-                    inv.arg(id.as_str());
+                    if within.is_some() {
+                        inv.arg(preferred.len());
+                    }
+                    for id in preferred {
+                        inv.arg(id.as_str());
+                    }
                 }
             }
+            for id in members {
+                inv.arg(id.as_str());
+            }
+            let reply: Vec<String> = self.eval(&inv, self.timeout).await?;
+            let reply = AcquireReply::parse(reply).map_err(Fault::Broken)?;
+            match (reply, within) {
+                (AcquireReply::NoSubset, Some(_)) if !send_members => send_members = true,
+                (AcquireReply::NoSubset, _) => {
+                    return Err(Fault::Broken(
+                        "acquire: the subset is missing after sending it".into(),
+                    ));
+                }
+                (reply, Some(s)) => {
+                    if send_members {
+                        let mut made = locked(&p.subsets);
+                        if made.len() >= MAX_SUBSETS_SENT {
+                            made.clear();
+                        }
+                        made.insert(s.id.to_string());
+                    }
+                    return Ok(reply);
+                }
+                (reply, None) => return Ok(reply),
+            }
         }
-        let reply: Vec<String> = self.eval(&inv, self.timeout).await?;
-        AcquireReply::parse(reply).map_err(Fault::Broken)
     }
 
     /// Plain acquires, one per waiting lease id, in one call (`many` mode); in a pool whose
@@ -273,7 +331,7 @@ impl Inner {
             (0, 0)
         };
         let stocking = refill || extra > 0;
-        let mut inv = self.acquire_call(p, None, None);
+        let mut inv = self.acquire_call(p, None, None, None);
         inv.arg("many");
         for i in items {
             if let AcquireItem::Lease(l) = i {
@@ -339,7 +397,15 @@ impl Inner {
             return inner.fallback_acquire(pool, want).await;
         }
         let unlisted = takes_unlisted_leases(&p.spec.load());
-        if unlisted && matches!(want, Want::Any { exclude: [] }) {
+        if unlisted
+            && matches!(
+                want,
+                Want::Any {
+                    exclude: [],
+                    within: None
+                }
+            )
+        {
             if let Some(grant) = inner.from_stock(p) {
                 return Ok(Acquired::Granted(grant));
             }
@@ -349,7 +415,10 @@ impl Inner {
         loop {
             let lease = new_lease(unlisted);
             let answer = match want {
-                Want::Any { exclude: [] } => {
+                Want::Any {
+                    exclude: [],
+                    within: None,
+                } => {
                     p.acquires
                         .send(AcquireItem::Lease(lease), || acquire_sender(inner, p))
                         .await
@@ -406,6 +475,8 @@ impl Inner {
                 AcquireReply::Unconfigured => {
                     return Err(broken("the pool's state is missing after declaring it"));
                 }
+                // Answered within acquire_one, which asks again with the members.
+                AcquireReply::NoSubset => return Err(broken("a subset reply out of place")),
             });
         }
     }

@@ -35,6 +35,8 @@ pub(crate) struct PoolKeys {
     pub listed: String,
     /// `<prefix>:{<pool>}:sess:`; a session's STRING key is this plus the session key.
     sess_prefix: String,
+    /// `<prefix>:{<pool>}:sub:`; a label filter's subset ZSET is this plus its id.
+    sub_prefix: String,
 }
 
 impl PoolKeys {
@@ -56,7 +58,13 @@ impl PoolKeys {
             events: key("events"),
             listed: key("listed"),
             sess_prefix: key("sess:"),
+            sub_prefix: key("sub:"),
         }
+    }
+
+    /// ZSET: the members of label-filter subset `id` → allocations through it (`acquire.lua`).
+    pub fn subset(&self, id: &str) -> String {
+        format!("{}{id}", self.sub_prefix)
     }
 
     /// STRING: the upstream session `key` is bound to, with the binding's TTL.
@@ -92,6 +100,7 @@ mod tests {
             &k.events,
             &k.listed,
             &k.session("s1"),
+            &k.subset("country=us#0a1b"),
         ] {
             assert!(key.starts_with("pg:{eu}:"), "{key}");
         }

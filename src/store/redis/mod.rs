@@ -173,6 +173,9 @@ struct PoolLocal {
     held: Mutex<held::Held>,
     /// Grants taken ahead of need (see `stock.rs`).
     stock: Mutex<stock::Stock>,
+    /// Label-filter subsets this instance has sent the members of: later acquires within them
+    /// name them only (see `acquire.lua`).
+    subsets: Mutex<std::collections::HashSet<String>>,
 }
 
 impl PoolLocal {
@@ -191,6 +194,7 @@ impl PoolLocal {
             notify: Arc::new(Notify::new()),
             applied: Mutex::default(),
             restoring: tokio::sync::Mutex::new(None),
+            subsets: Mutex::default(),
             wake_at: Mutex::new(None),
             epoch: AtomicU64::new(0),
             full: AtomicBool::new(false),

@@ -99,6 +99,8 @@ pub(super) enum AcquireReply {
     NoCandidates,
     /// The pool's state is missing: Redis lost its data.
     Unconfigured,
+    /// The label filter's subset is missing: ask again with its members.
+    NoSubset,
 }
 
 impl AcquireReply {
@@ -128,6 +130,7 @@ impl AcquireReply {
             "unavailable" => AcquireReply::Unavailable(next()?),
             "none" => AcquireReply::NoCandidates,
             "unconfigured" => AcquireReply::Unconfigured,
+            "nosubset" => AcquireReply::NoSubset,
             other => return Err(format!("acquire: unexpected reply `{other}`")),
         })
     }
