@@ -282,7 +282,7 @@ pub struct Fields {
     pub user: Option<Arc<str>>,
     pub session: Option<String>,
     pub pool: Option<String>,
-    /// The label filter the request asked for (label targeting); `None` until it exists.
+    /// The label filter the request asked for (`country=us`), when it asked for one.
     pub label: Option<String>,
     /// The upstream's redacted id.
     pub upstream: Option<String>,

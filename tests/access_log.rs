@@ -526,3 +526,40 @@ async fn the_binary_reopens_its_access_log_on_sigusr1_and_sighup() {
     }
     gw.signal("TERM");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_names_the_label_filter_the_request_asked_for() {
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let us = FakeProxy::start(FakeProxyOpts::default()).await;
+    let de = FakeProxy::start(FakeProxyOpts::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let gw = TestGateway::start(&format!(
+        "[policy]\nallow_private_targets = true\n\
+         [log]\naccess = {path:?}\n\
+         [pools.default]\nupstreams = [\
+         {{ url = \"{}\", labels = {{ country = \"us\" }} }}, \
+         {{ url = \"{}\", labels = {{ country = \"de\" }} }}]\n",
+        us.url(),
+        de.url(),
+    ))
+    .await;
+    let resp = gw
+        .client()
+        .get(origin.url("/ok"))
+        .header("X-Pool-Labels", "country=de")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    let line: Value = serde_json::from_str(&lines(&path, 1).await[0]).unwrap();
+    assert_eq!(line["label"], "country=de", "{line}");
+    assert!(
+        line["upstream"]
+            .as_str()
+            .unwrap()
+            .contains(&de.addr().to_string()),
+        "{line}"
+    );
+}

@@ -43,13 +43,14 @@ fn host_port(uri: &http::Uri) -> Option<String> {
     Some(format!("{}:{port}", a.host()))
 }
 
-/// The request's entry with routing's decisions: user, session, pool.
+/// The request's entry with routing's decisions: user, session, pool, label filter.
 pub fn routed(ext: &http::Extensions, route: &Route) -> Option<Arc<Entry>> {
     let entry = ext.get::<Arc<Entry>>()?.clone();
     entry.update(|f| {
         f.user = route.user.clone();
         f.session = route.session.as_ref().map(|s| s.key.as_str().to_string());
         f.pool = Some(route.pool.name().to_string());
+        f.label = route.filter.as_ref().map(|v| v.name());
     });
     Some(entry)
 }
