@@ -52,6 +52,23 @@ pub struct StartOptions {
     pub proxy_threads: usize,
 }
 
+/// Closes the history's current bucket: each pool's byte totals and upstreams by state.
+pub fn history_tick(gw: &Gateway) {
+    let pools = gw.pools.load_full();
+    let gauges = pools
+        .iter()
+        .map(|p| crate::history::PoolGauges {
+            name: p.name().to_string(),
+            bytes: gw.meter.pool(p.name()),
+            states: p.health.view().counts_by_state,
+        })
+        .collect();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    gw.metrics.history.close(t, gauges);
+}
+
 /// How often cool-downs are checked; the granularity of a quarantine's end.
 const HEALTH_TICK_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -113,6 +130,8 @@ pub enum StartError {
     Intercept(#[from] InterceptSetupError),
     #[error("cannot start the proxy worker threads: {0}")]
     Workers(std::io::Error),
+    #[error(transparent)]
+    AccessLog(#[from] crate::access_log::OpenError),
 }
 
 /// A started gateway.
@@ -143,6 +162,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 pub async fn start_with(config: Config, options: StartOptions) -> Result<Running, StartError> {
     let config = Arc::new(config);
     let instance_id = instance_id();
+    let access_log = crate::access_log::AccessLog::start(&config.log, &instance_id)?;
     let store = match &config.store {
         StoreConfig::Memory => AnyStore::Memory(MemoryStore::new()),
         StoreConfig::Redis {
@@ -245,6 +265,8 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         probes: Default::default(),
         captcha: CaptchaRules::new(&config.captcha),
         metrics: Arc::new(Metrics::new()),
+        meter: crate::meter::Meter::new(),
+        access_log,
         connector,
         intercept,
         tasks: TaskTracker::new(),
@@ -310,6 +332,17 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             tokio::select! {
                 _ = tick.tick() => health_tick(&ticker).await,
                 _ = ticker.shutdown.cancelled() => break,
+            }
+        }
+    });
+    let historian = gw.clone();
+    listeners.spawn(async move {
+        let every = Duration::from_secs(crate::history::BUCKET_SECS);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => history_tick(&historian),
+                _ = historian.shutdown.cancelled() => break,
             }
         }
     });
@@ -412,6 +445,11 @@ impl Running {
         if !self.gw.store.settle(LEASE_RELEASE_TIMEOUT).await {
             tracing::warn!("some lease releases did not reach the store before exit");
         }
+        if let Some(log) = &self.gw.access_log {
+            if !log.settle(LEASE_RELEASE_TIMEOUT).await {
+                tracing::warn!("some access-log lines were not written before exit");
+            }
+        }
         drop(self.workers.take());
         drained
     }
@@ -419,6 +457,18 @@ impl Running {
     /// Leases still live in the store, over every pool (0 after a clean shutdown).
     pub async fn leases_live(&self) -> u64 {
         leases_live(&self.gw).await
+    }
+
+    /// Closes the history's current bucket now (the 10-second tick does it otherwise).
+    pub fn sample_history(&self) {
+        history_tick(&self.gw);
+    }
+
+    /// Reopens the access log's file (what SIGUSR1 does, and SIGHUP besides reloading).
+    pub fn reopen_logs(&self) {
+        if let Some(log) = &self.gw.access_log {
+            log.reopen();
+        }
     }
 
     /// Re-reads the config file and applies it (what SIGHUP does).
@@ -471,7 +521,9 @@ pub async fn run(config: Config, config_path: Option<PathBuf>) -> i32 {
             shutdown::Signal::Reload => {
                 // Success and failure are logged by the reload itself.
                 let _ = running.reload().await;
+                running.reopen_logs();
             }
+            shutdown::Signal::Reopen => running.reopen_logs(),
             shutdown::Signal::Terminate(sig) => {
                 tracing::info!(signal = sig, "shutting down: draining in-flight work");
                 break;

@@ -18,15 +18,19 @@
 //!   script of `lua/` per decision); [`health`] ([`health::classify`], [`health::state`] the
 //!   per-upstream state machine, [`health::blame`] per-target stats and incidents,
 //!   [`health::exit`] members grouped by measured exit IP,
-//!   [`health::engine`]); [`ratelimit`]; [`auth`]; [`accounting`]; [`metrics`]; [`probe`]
+//!   [`health::engine`]); [`ratelimit`]; [`auth`]; [`accounting`]; [`meter`] (bytes per member, pool, user);
+//!   [`access_log`] (a line per request, written off the request path); [`history`] (the last
+//!   hour in 10-second buckets); [`metrics`]; [`probe`]
 //!   ([`mod@probe::check`], [`probe::status`]); [`sources`] ([`sources::list`],
 //!   [`sources::fetch`]).
 //! - decisions: [`error`] (the one error type, no HTTP), [`admit`] (client allowlist, target
 //!   policy), [`pool`] ([`pool::ring`] sticky placement, [`pool::lease`]).
 //! - [`state`]: `Gateway`, the shared handles; nothing below names it.
 //! - pipeline: [`server`] (accept loops, connection limits), [`proxy`] ([`proxy::forward`],
-//!   [`proxy::tunnel`], [`proxy::socks`] the SOCKS5 front door, [`proxy::inspect`], [`proxy::framing`], [`proxy::headers`],
-//!   [`proxy::observe`], [`proxy::pipe`], [`proxy::respond`] errors → responses),
+//!   [`proxy::tunnel`], [`proxy::socks`] the SOCKS5 front door, [`proxy::inspect`],
+//!   [`proxy::framing`], [`proxy::headers`], [`proxy::observe`], [`proxy::pipe`],
+//!   [`proxy::ledger`] (the access log's entry and byte counting on the request path),
+//!   [`proxy::respond`] errors → responses),
 //!   [`pool::select`].
 //! - jobs: [`probe::prober`], [`sources::watch`], [`reload`].
 //! - surfaces: [`admin`] (`/status`, `/metrics`, `/dashboard`, actions, the `poolgate status`
@@ -46,6 +50,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod accounting;
 pub mod admin;
 pub mod admit;
@@ -57,8 +62,10 @@ pub mod error;
 pub mod fast_map;
 pub mod feedback;
 pub mod health;
+pub mod history;
 pub mod intercept;
 pub mod limits;
+pub mod meter;
 pub mod metrics;
 pub mod outcome;
 pub mod password;

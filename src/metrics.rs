@@ -77,6 +77,12 @@ pub(crate) struct RateLimitLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RefusalLabels {
+    pub(crate) pool: String,
+    pub(crate) code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StoreLabels {
     pub(crate) kind: String,
 }
@@ -112,8 +118,12 @@ pub struct Metrics {
     pub(crate) source_fetches: Family<SourceLabels, Gauge>,
     pub(crate) rate_limited: Family<RateLimitLabels, Counter>,
     pub(crate) rate_limit_waits: Family<RateLimitLabels, Counter>,
+    /// Requests a pool could not serve, by `X-Pool-Error` code.
+    pub(crate) refusals: Family<RefusalLabels, Counter>,
     /// The series read from the `/status` snapshot.
     pub(crate) status_series: std::sync::Arc<StatusSeries>,
+    /// The last hour in 10-second buckets, for `/status/history` and the dashboard.
+    pub history: crate::history::History,
     /// pool -> upstream -> its `requests` and `latency` series (see [`Metrics::record`]).
     pub(crate) exchanges: RwLock<FastMap<String, FastMap<String, MemberSeries>>>,
 }
@@ -169,7 +179,9 @@ impl Metrics {
             source_fetches: Family::default(),
             rate_limited: Family::default(),
             rate_limit_waits: Family::default(),
+            refusals: Family::default(),
             status_series: Default::default(),
+            history: Default::default(),
             exchanges: RwLock::default(),
         };
         {
@@ -275,6 +287,11 @@ impl Metrics {
                 m.rate_limit_waits.clone(),
             );
             r.register(
+                "poolgate_pool_refusals",
+                "Requests a pool could not serve before any upstream was connected, by pool and X-Pool-Error code (pool-exhausted, no-upstream-available, rate-limited, store errors)",
+                m.refusals.clone(),
+            );
+            r.register(
                 "poolgate_uptime_seconds",
                 "Seconds since start",
                 m.uptime.clone(),
@@ -289,6 +306,7 @@ impl Metrics {
     /// label strings, two hashes and two family locks per exchange. (The two families are never
     /// cleared, so the kept series stay theirs.)
     pub fn record(&self, pool: &str, upstream: &str, outcome: Outcome, latency_s: f64) {
+        self.history.record(pool, outcome, latency_s);
         let record = |s: &MemberSeries| {
             s.outcomes[outcome.index()]
                 .get_or_init(|| {
@@ -330,6 +348,17 @@ impl Metrics {
     pub fn rate_limit_rejected(&self, pool: &str, scope: Scope) {
         self.rate_limited
             .get_or_create(&rate_labels(pool, scope))
+            .inc();
+    }
+
+    /// Counts a request `pool` refused (or failed) before any upstream was connected; `code` is
+    /// its `X-Pool-Error`.
+    pub fn pool_refused(&self, pool: &str, code: &'static str) {
+        self.refusals
+            .get_or_create(&RefusalLabels {
+                pool: pool.to_string(),
+                code,
+            })
             .inc();
     }
 

@@ -70,6 +70,32 @@ impl Outcome {
         self as usize
     }
 
+    /// The class operators read in the access log and the history: `ok`, `proxy-fault`
+    /// (connect error, timeout, reset, the upstream proxy's own error), `origin-ban`, `captcha`,
+    /// `origin-error`, `cancelled`.
+    pub fn class(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ConnectError | Outcome::Timeout | Outcome::Reset | Outcome::UpstreamError => {
+                "proxy-fault"
+            }
+            Outcome::Blocked => "origin-ban",
+            Outcome::Captcha => "captcha",
+            Outcome::OriginError => "origin-error",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// Every class of [`Outcome::class`], in a fixed order.
+    pub const CLASSES: [&'static str; 6] = [
+        "ok",
+        "proxy-fault",
+        "origin-ban",
+        "captcha",
+        "origin-error",
+        "cancelled",
+    ];
+
     /// Whether the outcome counts as a success of the upstream.
     pub fn is_success(self) -> bool {
         matches!(self, Outcome::Ok | Outcome::OriginError)

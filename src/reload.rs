@@ -4,8 +4,8 @@
 //! What a reload changes: pools and their upstreams (the store keeps the state of kept members:
 //! allocations, leases, sessions), limits and timeouts for new connections and requests, the
 //! target policy, users and the client allowlist. What it cannot change, because it is bound at
-//! start, is refused with the key named: listener addresses, the store, upstream TLS and the
-//! upstream keep-alive pool settings. An invalid file is refused with every problem listed, and
+//! start, is refused with the key named: listener addresses, the store, upstream TLS, the
+//! upstream keep-alive pool settings and the access log (`[log]`). An invalid file is refused with every problem listed, and
 //! the old config keeps running.
 //!
 //! In-flight work is untouched: requests and tunnels hold their own `Arc<Pool>` and lease; an
@@ -108,6 +108,9 @@ fn fixed_changes(running: &Config, new: &Config) -> Vec<&'static str> {
     }
     if a.workers != b.workers {
         changed.push("server.workers");
+    }
+    if running.log != new.log {
+        changed.push("log");
     }
     changed
 }
@@ -275,6 +278,13 @@ mod tests {
             "[server]\nsocks_listen = \"127.0.0.1:1080\"\n[pools.default]\nupstreams = [\"direct://\"]\n",
         );
         assert_eq!(fixed_changes(&a, &e), vec!["server.socks_listen"]);
+        let g = parse("[log]\naccess = \"stderr\"\n[pools.default]\nupstreams = [\"direct://\"]\n");
+        assert_eq!(fixed_changes(&a, &g), vec!["log"]);
+        // Bounds on exported series follow the live config.
+        let f = parse(
+            "[metrics]\nper_upstream_max = 5\n[pools.default]\nupstreams = [\"direct://\"]\n",
+        );
+        assert!(fixed_changes(&a, &f).is_empty());
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //!   every lease, exit 0.
 //! - SIGTERM or SIGINT (second): stop waiting and exit at once (status 1).
 //! - SIGHUP: reload the config file. An invalid file is refused (logged with the reason) and the
-//!   running config is kept. SIGHUP during shutdown is ignored.
+//!   running config is kept. The access log's file is reopened too (as after SIGUSR1). SIGHUP
+//!   during shutdown is ignored.
+//! - SIGUSR1: reopen the access log's file only (logrotate's `postrotate`); ignored during
+//!   shutdown.
 
 use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal};
 
@@ -14,6 +17,7 @@ use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal};
 pub enum Signal {
     Terminate(&'static str),
     Reload,
+    Reopen,
 }
 
 /// The signals the gateway listens for, registered once.
@@ -21,6 +25,7 @@ pub struct Signals {
     term: UnixSignal,
     int: UnixSignal,
     hup: UnixSignal,
+    usr1: UnixSignal,
 }
 
 impl Signals {
@@ -29,6 +34,7 @@ impl Signals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
             hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
         })
     }
 
@@ -38,10 +44,11 @@ impl Signals {
             _ = self.term.recv() => Signal::Terminate("SIGTERM"),
             _ = self.int.recv() => Signal::Terminate("SIGINT"),
             _ = self.hup.recv() => Signal::Reload,
+            _ = self.usr1.recv() => Signal::Reopen,
         }
     }
 
-    /// The next SIGTERM or SIGINT, ignoring SIGHUP (used while shutting down).
+    /// The next SIGTERM or SIGINT, ignoring SIGHUP and SIGUSR1 (used while shutting down).
     pub async fn next_terminate(&mut self) -> &'static str {
         loop {
             if let Signal::Terminate(sig) = self.next().await {

@@ -55,6 +55,10 @@ pub struct Gateway {
     /// Captcha and block detection for responses.
     pub captcha: CaptchaRules,
     pub metrics: Arc<Metrics>,
+    /// Bytes up and down per member, pool and user (see [`crate::meter`]).
+    pub meter: Arc<crate::meter::Meter>,
+    /// The access log, when `[log] access` is set.
+    pub access_log: Option<Arc<crate::access_log::AccessLog>>,
     pub connector: Connector,
     /// TLS interception for pools with `inspect_tls`: leaf certificates, origin TLS, counters.
     pub intercept: Arc<Interceptor>,

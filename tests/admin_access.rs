@@ -18,7 +18,7 @@ const ADMIN: &str = "admin-token-0123456789abcdef";
 const READ: &str = "read-token-0123456789abcdef";
 
 const POOL: &str = "[pools.default]\nupstreams = [\"http://127.0.0.1:9#secret-upstream\"]\n";
-const READS: [&str; 4] = ["/status", "/metrics", "/dashboard", "/"];
+const READS: [&str; 5] = ["/status", "/status/history", "/metrics", "/dashboard", "/"];
 
 fn admin_client() -> reqwest::Client {
     reqwest::Client::builder()

@@ -347,6 +347,38 @@ const TABLE: &[(&str, Want)] = &[
         "auth.cache_entries",
         Series(&[("poolgate_auth_cache_entries", &[])]),
     ),
+    (
+        "pools[].bytes_up",
+        Series(&[("poolgate_pool_bytes_total", &[("direction", "up")])]),
+    ),
+    (
+        "pools[].bytes_down",
+        Series(&[("poolgate_pool_bytes_total", &[("direction", "down")])]),
+    ),
+    (
+        "pools[].upstreams[].bytes_up",
+        Series(&[("poolgate_upstream_bytes_total", &[("direction", "up")])]),
+    ),
+    (
+        "pools[].upstreams[].bytes_down",
+        Series(&[("poolgate_upstream_bytes_total", &[("direction", "down")])]),
+    ),
+    (
+        "users[].bytes_up",
+        Series(&[("poolgate_user_bytes_total", &[("direction", "up")])]),
+    ),
+    (
+        "users[].bytes_down",
+        Series(&[("poolgate_user_bytes_total", &[("direction", "down")])]),
+    ),
+    (
+        "access_log.lines_written",
+        Series(&[("poolgate_access_log_lines_total", &[("result", "written")])]),
+    ),
+    (
+        "access_log.lines_dropped",
+        Series(&[("poolgate_access_log_lines_total", &[("result", "dropped")])]),
+    ),
 ];
 
 /// Array elements whose field names the series of everything under them: (element path, field,
@@ -356,6 +388,7 @@ const ELEMENT_LABELS: &[(&str, &str, &str)] = &[
     ("pools[].upstreams[]", "id", "upstream"),
     ("pools[].matrix[]", "target", "target"),
     ("pools[].matrix[].cells[]", "upstream", "upstream"),
+    ("users[]", "name", "user"),
 ];
 
 /// One numeric field of `/status`.

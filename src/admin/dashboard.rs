@@ -1,6 +1,7 @@
-//! `/dashboard`: one self-contained page (no external scripts, fonts or CDNs) that renders
-//! `/status` every two seconds: pool summary, upstream table with state colours, the
-//! upstream × target heatmap and incidents.
+//! `/dashboard`: one self-contained page (no external scripts, fonts or CDNs: it works offline)
+//! that renders `/status` every two seconds: pool summary, upstream table with state colours, the
+//! upstream × target heatmap and incidents; and `/status/history` every ten as SVG line charts
+//! of the last hour (its small chart code is inline in the page).
 
 use http::{HeaderValue, StatusCode, header};
 

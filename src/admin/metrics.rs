@@ -5,8 +5,8 @@
 use crate::accounting::{Door, DoorCounts};
 use crate::admin::status::Status;
 use crate::metrics::{
-    Labels, Metrics, PoolLabel, ProbeLabels, SourceLabels, StateLabels, StatusFamily, StoreLabels,
-    TargetLabels, UpstreamLabels, rate_labels,
+    Labels, Metrics, PoolLabel, ProbeLabels, RefusalLabels, SourceLabels, StateLabels,
+    StatusFamily, StoreLabels, TargetLabels, UpstreamLabels, rate_labels,
 };
 use crate::ratelimit::Scope;
 
@@ -167,6 +167,14 @@ impl Metrics {
                 let labels = rate_labels(&p.name, scope);
                 drop(self.rate_limited.get_or_create(&labels));
                 drop(self.rate_limit_waits.get_or_create(&labels));
+            }
+            // The refusals alerts watch, from the start at 0, so their rate is defined before
+            // the first one.
+            for code in ["pool-exhausted", "no-upstream-available"] {
+                drop(self.refusals.get_or_create(&RefusalLabels {
+                    pool: p.name.clone(),
+                    code,
+                }));
             }
         }
         self.status_series.set(status_families(status));
@@ -375,6 +383,33 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
         one(a.cache_entries),
     );
 
+    let mut user_bytes = Vec::new();
+    for u in &s.users {
+        for (direction, n) in [("up", u.bytes_up), ("down", u.bytes_down)] {
+            let l = vec![
+                ("user", u.name.clone()),
+                ("direction", direction.to_string()),
+            ];
+            user_bytes.push((l, n));
+        }
+    }
+    family(
+        "poolgate_user_bytes",
+        "Bytes through the gateway per authenticated user since start on this instance, by direction (up, down)",
+        true,
+        user_bytes,
+    );
+    let l = &s.access_log;
+    family(
+        "poolgate_access_log_lines",
+        "Access-log lines since start by result (written, dropped: the writer fell behind or could not write)",
+        true,
+        by(
+            "result",
+            &[("written", l.lines_written), ("dropped", l.lines_dropped)],
+        ),
+    );
+
     let mut allocations = Vec::new();
     let mut outcomes = Vec::new();
     let mut quarantines = Vec::new();
@@ -385,10 +420,22 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
     let mut shared_exit_ips = Vec::new();
     let mut rate_limit_keys = Vec::new();
     let mut skipped_lines = Vec::new();
+    let mut pool_bytes = Vec::new();
+    let mut upstream_bytes = Vec::new();
     for p in &s.pools {
         let pool = || ("pool", p.name.clone());
+        for (direction, n) in [("up", p.bytes_up), ("down", p.bytes_down)] {
+            pool_bytes.push((vec![pool(), ("direction", direction.to_string())], n));
+        }
         for u in &p.upstreams {
             let labels = || vec![pool(), ("upstream", u.id.clone())];
+            for (direction, n) in [("up", u.bytes_up), ("down", u.bytes_down)] {
+                if let Some(n) = n {
+                    let mut l = labels();
+                    l.push(("direction", direction.to_string()));
+                    upstream_bytes.push((l, n));
+                }
+            }
             allocations.push((labels(), u.stats.allocations));
             for (outcome, n) in &u.stats.outcomes {
                 let mut l = labels();
@@ -433,6 +480,18 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
             skipped_lines.push((vec![pool()], src.skipped_lines as u64));
         }
     }
+    family(
+        "poolgate_pool_bytes",
+        "Bytes through a pool's upstreams since start on this instance, by direction (up: request bodies and tunnel bytes out through the upstream, down: back)",
+        true,
+        pool_bytes,
+    );
+    family(
+        "poolgate_upstream_bytes",
+        "Bytes through each upstream since start on this instance, by direction; only for pools of at most [metrics] per_upstream_max members",
+        true,
+        upstream_bytes,
+    );
     family(
         "poolgate_upstream_allocations",
         "Leases granted per upstream since start, as the store counts them",

@@ -1,4 +1,5 @@
-//! The admin listener: `/status` (JSON), `/metrics` (Prometheus), `/dashboard`, `/healthz`,
+//! The admin listener: `/status` (JSON), `/status/history` (the last hour, see
+//! [`crate::history`]), `/metrics` (Prometheus), `/dashboard`, `/healthz`,
 //! `/readyz`, `POST /feedback` ([`crate::feedback`]), `POST /admin/reload` and the other
 //! token-protected admin actions under `/admin/`. Off loopback, or with
 //! `server.admin_read_token` set, the reads need a token too ([`access`]).
@@ -25,7 +26,10 @@ use crate::state::Gateway;
 pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, bound: IpAddr) -> Response<Body> {
     let path = req.uri().path().to_string();
     if req.method() == Method::GET
-        && matches!(path.as_str(), "/status" | "/metrics" | "/" | "/dashboard")
+        && matches!(
+            path.as_str(),
+            "/status" | "/status/history" | "/metrics" | "/" | "/dashboard"
+        )
     {
         if let Err(denied) = access::authorize_read(&gw.live.load().server, bound, req.headers()) {
             return *denied;
@@ -39,6 +43,17 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, bound: IpAddr) -> 
         }
         (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
         (&Method::GET, "/status") => match serde_json::to_vec_pretty(&status::collect(&gw).await) {
+            Ok(json) => {
+                let mut r = body::response(StatusCode::OK, json);
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                r
+            }
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
+        },
+        (&Method::GET, "/status/history") => match serde_json::to_vec(&gw.metrics.history.view()) {
             Ok(json) => {
                 let mut r = body::response(StatusCode::OK, json);
                 r.headers_mut().insert(
@@ -75,7 +90,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, bound: IpAddr) -> 
                 actions::session(&gw, req.into_body()).await
             }
         }
-        (_, "/healthz" | "/readyz" | "/status" | "/metrics" | "/dashboard") => {
+        (_, "/healthz" | "/readyz" | "/status" | "/status/history" | "/metrics" | "/dashboard") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n")
         }
         (_, "/admin/upstream" | "/admin/session") => {

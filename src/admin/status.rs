@@ -24,6 +24,17 @@ pub struct Status {
     pub intercept: crate::intercept::InterceptStatus,
     /// Proxy logins: password checks, failures, lockouts (see `crate::auth`).
     pub auth: crate::auth::AuthStats,
+    /// Bytes up and down per authenticated user, this instance's since start (see `crate::meter`).
+    pub users: Vec<UserView>,
+    /// Access-log lines written and dropped (see `crate::access_log`).
+    pub access_log: crate::access_log::AccessLogStats,
+}
+
+#[derive(Serialize)]
+pub struct UserView {
+    pub name: String,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
 }
 
 #[derive(Serialize)]
@@ -43,6 +54,11 @@ pub struct PoolView {
     pub strategy: &'static str,
     pub max_concurrency: Option<u32>,
     pub upstreams_total: usize,
+    /// Bytes out through the pool's upstreams (request bodies, tunnel bytes) since start, on this
+    /// instance.
+    pub bytes_up: u64,
+    /// Bytes back from them.
+    pub bytes_down: u64,
     pub sessions_live: u64,
     pub leases_live: u64,
     pub counts_by_state: std::collections::BTreeMap<&'static str, usize>,
@@ -81,6 +97,10 @@ pub struct Incidents {
 pub struct UpstreamView {
     pub id: String,
     pub scheme: &'static str,
+    /// Bytes up and down through this upstream; `null` in pools of more than
+    /// `[metrics] per_upstream_max` members (their figures are the pool's only).
+    pub bytes_up: Option<u64>,
+    pub bytes_down: Option<u64>,
     /// The member's labels, `{"country": "de", "type": "datacenter"}`.
     pub labels: BTreeMap<String, String>,
     #[serde(flatten)]
@@ -103,6 +123,7 @@ pub async fn collect(gw: &Gateway) -> Status {
             }
         };
         let mut hv = pool.health.view();
+        let per_upstream = pool.members().len() <= gw.live.load().metrics.per_upstream_max;
         let upstreams: Vec<UpstreamView> = st
             .members
             .into_iter()
@@ -115,10 +136,13 @@ pub async fn collect(gw: &Gateway) -> Status {
                         .map(|(k, v)| (k.to_string(), v.to_string()))
                         .collect()
                 });
+                let bytes = per_upstream.then(|| gw.meter.upstream(pool.name(), &m.id));
                 UpstreamView {
                     id: m.id.clone(),
                     scheme,
                     labels,
+                    bytes_up: bytes.map(|b| b.up),
+                    bytes_down: bytes.map(|b| b.down),
                     health: hv
                         .upstreams
                         .remove(&crate::upstream::UpstreamId::new(m.id.as_str())),
@@ -147,6 +171,8 @@ pub async fn collect(gw: &Gateway) -> Status {
             strategy: pool.config.strategy.as_str(),
             max_concurrency: pool.config.max_concurrency.map(|n| n.get()),
             upstreams_total: pool.members().len(),
+            bytes_up: gw.meter.pool(pool.name()).up,
+            bytes_down: gw.meter.pool(pool.name()).down,
             sessions_live: st.sessions_live,
             leases_live: upstreams.iter().map(|u| u.stats.leases_live).sum(),
             counts_by_state: hv.counts_by_state,
@@ -192,5 +218,20 @@ pub async fn collect(gw: &Gateway) -> Status {
         traffic: crate::admin::traffic::TrafficView::collect(gw).await,
         intercept: gw.intercept.status(),
         auth: gw.auth.stats(),
+        users: gw
+            .meter
+            .users()
+            .into_iter()
+            .map(|(name, b)| UserView {
+                name,
+                bytes_up: b.up,
+                bytes_down: b.down,
+            })
+            .collect(),
+        access_log: gw
+            .access_log
+            .as_ref()
+            .map(|l| l.stats())
+            .unwrap_or_default(),
     }
 }

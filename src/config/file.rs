@@ -25,6 +25,24 @@ pub(super) struct FileConfig {
     pub(super) auth: FileAuth,
     #[serde(default)]
     pub(super) pools: BTreeMap<String, FilePool>,
+    #[serde(default)]
+    pub(super) log: FileLog,
+    #[serde(default)]
+    pub(super) metrics: FileMetrics,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileLog {
+    pub(super) access: Option<String>,
+    pub(super) access_format: Option<String>,
+    pub(super) access_buffer_lines: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileMetrics {
+    pub(super) per_upstream_max: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

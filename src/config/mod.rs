@@ -16,6 +16,7 @@ mod error;
 mod file;
 mod health;
 mod intercept;
+mod log;
 mod policy;
 mod pool;
 mod probe;
@@ -38,6 +39,10 @@ pub use captcha::{CaptchaConfig, DEFAULT_CAPTCHA_MARKERS, DEFAULT_SNIFF_BYTES, M
 pub use defaults::*;
 pub use error::ConfigError;
 pub use health::HealthConfig;
+pub use log::{
+    AccessFormat, AccessTarget, DEFAULT_ACCESS_BUFFER_LINES, DEFAULT_PER_UPSTREAM_MAX, LogConfig,
+    MAX_ACCESS_BUFFER_LINES, MetricsConfig,
+};
 pub use policy::{DEFAULT_HTTP_PORTS, PolicyConfig, PortSet, TargetAllowList};
 pub use pool::{PoolConfig, Strategy};
 pub use probe::{
@@ -71,6 +76,10 @@ pub struct Config {
     pub pools: BTreeMap<String, PoolConfig>,
     /// The pool used when a request names none.
     pub default_pool: String,
+    /// The access log (`[log]`); fixed at start.
+    pub log: LogConfig,
+    /// Bounds on exported series (`[metrics]`).
+    pub metrics: MetricsConfig,
 }
 
 impl Config {
@@ -126,6 +135,8 @@ impl Validator {
         let auth = self.auth(&f.auth);
         let intercept = f.intercept.map(|i| self.intercept(i));
         let upstream_tls = self.upstream_tls(&f.upstream_tls);
+        let log = self.log(&f.log);
+        let metrics = self.metrics(&f.metrics);
 
         let mut pools = BTreeMap::new();
         if f.pools.is_empty() {
@@ -217,6 +228,8 @@ impl Validator {
             intercept: intercept.flatten(),
             pools,
             default_pool,
+            log,
+            metrics,
         })
     }
 }

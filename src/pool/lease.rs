@@ -19,7 +19,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::access_log::Entry;
 use crate::health;
+use crate::meter::Tap;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::pool::Pool;
@@ -44,6 +46,12 @@ struct Held {
     /// The last exchange recorded with [`Lease::record`]: the store counts it with the release,
     /// which then stands for it (earlier ones were counted as they came).
     last_exchange: Mutex<Option<(Outcome, Duration)>>,
+    /// Counts the bytes through this upstream (see [`crate::meter`]); set once connected.
+    tap: Option<Arc<Tap>>,
+    /// The request's access-log entry: learns the outcome at release.
+    entry: Option<Arc<Entry>>,
+    /// Upstreams the request tried before this one.
+    retries: u32,
 }
 
 impl Lease {
@@ -70,6 +78,9 @@ impl Lease {
                 acquired_at: Instant::now(),
                 latency: None,
                 last_exchange: Mutex::new(None),
+                tap: None,
+                entry: None,
+                retries: 0,
             }),
         }
     }
@@ -94,6 +105,35 @@ impl Lease {
 
     pub fn grant(&self) -> Option<&Grant> {
         self.held().map(|h| &h.grant)
+    }
+
+    /// The exchange's byte counter, once connected.
+    pub fn tap(&self) -> Option<&Arc<Tap>> {
+        self.held().and_then(|h| h.tap.as_ref())
+    }
+
+    pub fn set_tap(&mut self, tap: Arc<Tap>) {
+        if let Some(h) = self.inner.as_mut() {
+            h.tap = Some(tap);
+        }
+    }
+
+    /// Upstreams the request tried before this one (see `proxy::open`).
+    pub fn retries(&self) -> u32 {
+        self.held().map_or(0, |h| h.retries)
+    }
+
+    pub fn set_retries(&mut self, n: u32) {
+        if let Some(h) = self.inner.as_mut() {
+            h.retries = n;
+        }
+    }
+
+    /// Carries the request's access-log entry to the release, which tells it the outcome.
+    pub fn set_entry(&mut self, entry: Arc<Entry>) {
+        if let Some(h) = self.inner.as_mut() {
+            h.entry = Some(entry);
+        }
     }
 
     /// How long the lease lives without renewal.
@@ -156,7 +196,9 @@ impl Lease {
     }
 
     fn release(&mut self, outcome: Outcome) {
-        let Some(h) = self.inner.take() else { return };
+        let Some(mut h) = self.inner.take() else {
+            return;
+        };
         // Without a runtime (process teardown) there is nobody left to tell.
         if tokio::runtime::Handle::try_current().is_err() {
             return;
@@ -174,6 +216,10 @@ impl Lease {
                 h.latency.unwrap_or_else(|| h.acquired_at.elapsed()),
             )
         });
+        // The line is written once its last holder lets go: this, or the request's handler.
+        if let Some(entry) = h.entry.take() {
+            entry.update(|f| f.outcome = Some(outcome));
+        }
         h.metrics.record(
             h.pool.name(),
             h.grant.upstream.as_str(),
@@ -236,6 +282,11 @@ impl Exchange {
     pub fn finish(mut self, outcome: Outcome) {
         self.done = true;
         self.lease.record(outcome, self.latency);
+    }
+
+    /// The shared lease's byte counter.
+    pub fn tap(&self) -> Option<&Arc<Tap>> {
+        self.lease.tap()
     }
 }
 

@@ -20,6 +20,7 @@ use crate::body::{self, Body};
 use crate::error::ProxyError;
 use crate::health::classify::ResponseFrom;
 use crate::limits::{self, BodyFault, LimitedBody, LookaheadFault};
+use crate::proxy::ledger::{self, Metered, Way};
 use crate::proxy::observe::Observed;
 use crate::proxy::{self, framing, headers};
 use crate::state::Gateway;
@@ -40,6 +41,7 @@ pub async fn handle(
         ));
     }
     let route = proxy::route(gw, req.headers(), &target, false, peer).await?;
+    let entry = ledger::routed(req.extensions(), &route);
     let limit = gw.live.load().server.max_request_body_bytes;
     let declared = req
         .headers()
@@ -66,7 +68,10 @@ pub async fn handle(
         return Err(ProxyError::NoUpstream);
     };
 
+    ledger::attach(entry, &mut lease);
     let (mut parts, body) = req.into_parts();
+    // The handler and the lease hold the request's entry; the upstream's request does not.
+    parts.extensions.remove::<Arc<crate::access_log::Entry>>();
     headers::clean_request(&mut parts.headers);
     if upstream.scheme.speaks_http_proxy() {
         if let Some(c) = &upstream.credentials {
@@ -89,6 +94,7 @@ pub async fn handle(
     let replay = body_is_empty(&body).then(|| parts.clone());
     let fault = Arc::new(BodyFault::default());
     let body = LimitedBody::new(body, limit, fault.clone());
+    let body = Metered::new(body, lease.tap().cloned(), Way::Up);
     let out = Request::from_parts(parts, body.boxed_unsync());
 
     let timeout = gw.live.load().server.response_timeout;
@@ -172,6 +178,7 @@ pub async fn handle(
             });
         }
     };
+    let body = Metered::new(body, lease.tap().cloned(), Way::Down);
     let body = Observed::new(body, lease, outcome, sniffer).boxed();
     Ok(Response::from_parts(parts, body))
 }

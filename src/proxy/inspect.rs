@@ -464,6 +464,8 @@ impl Shared {
         headers::clean_response(&mut parts.headers);
         headers::annotate_response(&mut parts.headers, &self.upstream, self.session.as_deref());
         let exchange = Exchange::new(self.lease.clone(), latency);
+        let tap = exchange.tap().cloned();
+        let body = crate::proxy::ledger::Metered::new(body, tap, crate::proxy::ledger::Way::Down);
         let body = Observed::new(body, exchange, outcome, sniffer).boxed();
         Ok(Response::from_parts(parts, body))
     }

@@ -10,6 +10,7 @@ pub mod forward;
 pub mod framing;
 pub mod headers;
 pub mod inspect;
+pub mod ledger;
 pub mod observe;
 pub mod pipe;
 pub mod respond;
@@ -56,10 +57,11 @@ fn target_of(uri: &http::Uri, unusable: &'static str) -> Result<Target, ProxyErr
 /// counted as accepted and settled exactly once (see [`crate::accounting`]).
 pub async fn handle(
     gw: Arc<Gateway>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Guarded<Body, Ticket>> {
     let ticket = gw.counters.accept(Door::Http);
+    let entry = ledger::begin(&gw, &mut req, peer);
     let connect = req.method() == Method::CONNECT;
     let result = if let Err(e) = framing::check_request(&req) {
         Err(e)
@@ -71,10 +73,14 @@ pub async fn handle(
         Err(ProxyError::NotProxyRequest)
     };
     match result {
-        Ok(resp) => resp.map(|body| Guarded::new(body, ticket)),
+        Ok(resp) => {
+            ledger::answered(entry, resp.status(), None);
+            resp.map(|body| Guarded::new(body, ticket))
+        }
         Err(e) => {
             tracing::debug!(error = %e, code = e.code(), "request failed");
             let status = e.status();
+            ledger::answered(entry, status, Some(e.code()));
             ticket.finish(if status.is_client_error() {
                 End::Rejected
             } else {
@@ -223,14 +229,18 @@ where
     Fut: Future<Output = Result<T, ConnectError>>,
 {
     // Once per request (a CONNECT tunnel is one request), not once per attempt.
-    select::admit_user(gw, route).await?;
+    let refused = |e: &ProxyError| gw.metrics.pool_refused(route.pool.name(), e.code());
+    select::admit_user(gw, route).await.inspect_err(refused)?;
     let mut tried: Vec<UpstreamId> = Vec::new();
     let mut last: Option<(UpstreamId, ConnectError)> = None;
     for _ in 0..=route.pool.config.retries {
         let mut lease = match select::acquire(gw, route, &tried).await {
             Ok(lease) => lease,
             Err(ProxyError::NoUpstream) if last.is_some() => break,
-            Err(e) => return Err(e),
+            Err(e) => {
+                refused(&e);
+                return Err(e);
+            }
         };
         let (Some(mut upstream), Some(grant)) = (lease.upstream().cloned(), lease.grant().cloned())
         else {
@@ -241,7 +251,16 @@ where
             lease.use_upstream(upstream.clone());
         }
         match connect(upstream).await {
-            Ok(conn) => return Ok((lease, conn)),
+            Ok(conn) => {
+                let mut lease = lease;
+                let user = route.user.as_deref();
+                lease.set_tap(
+                    gw.meter
+                        .tap(route.pool.name(), grant.upstream.as_str(), user),
+                );
+                lease.set_retries(u32::try_from(tried.len()).unwrap_or(u32::MAX));
+                return Ok((lease, conn));
+            }
             Err(ConnectError::TargetDenied { target }) => {
                 // The target's name points into an internal network: nothing was dialed, and no
                 // other upstream fares better. Not the upstream's fault.

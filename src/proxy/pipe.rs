@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use tokio::net::{TcpStream, tcp};
 use tokio::time::Instant;
 
 use crate::limits::{Activity, Tracked};
+use crate::meter::Tap;
 use crate::upstream::connect::Io;
 
 /// Bytes moved per read when a direction gets busy (see [`pump`]).
@@ -71,17 +73,37 @@ pub struct Report {
 /// Two bare TCP sockets are split in place; anything else through tokio's split, whose halves
 /// take a lock on every read and write.
 pub async fn copy<C: Io, U: Io>(
+    client: C,
+    upstream: U,
+    activity: Activity,
+    no_reply_within: Option<Duration>,
+) -> Report {
+    copy_metered(client, upstream, activity, no_reply_within, None).await
+}
+
+/// [`copy`], counting the bytes on `tap` as they go (a long tunnel shows in the byte counts
+/// while it lasts): client to upstream is up, upstream to client is down.
+pub async fn copy_metered<C: Io, U: Io>(
     mut client: C,
     mut upstream: U,
     activity: Activity,
     no_reply_within: Option<Duration>,
+    tap: Option<Arc<Tap>>,
 ) -> Report {
+    let tap = tap.as_deref();
     if let (Some(client), Some(upstream)) = (client.as_socket(), upstream.as_socket()) {
-        return run(client.split(), upstream.split(), activity, no_reply_within).await;
+        return run(
+            client.split(),
+            upstream.split(),
+            activity,
+            no_reply_within,
+            tap,
+        )
+        .await;
     }
     let client = tokio::io::split(client);
     let upstream = tokio::io::split(upstream);
-    run(client, upstream, activity, no_reply_within).await
+    run(client, upstream, activity, no_reply_within, tap).await
 }
 
 /// [`copy`] on the ends' (read, write) halves.
@@ -90,6 +112,7 @@ async fn run<CR, CW, UR, UW>(
     (up_r, up_w): (UR, UW),
     activity: Activity,
     no_reply_within: Option<Duration>,
+    tap: Option<&Tap>,
 ) -> Report
 where
     CR: AsyncRead + Readable + Unpin,
@@ -111,6 +134,7 @@ where
         (Side::Client, Side::Upstream),
         &up_bytes,
         Some(&client_first),
+        tap,
     );
     let to_client = pump(
         &mut up_r,
@@ -118,6 +142,7 @@ where
         (Side::Upstream, Side::Client),
         &down_bytes,
         None,
+        tap,
     );
     tokio::pin!(to_upstream, to_client);
 
@@ -210,6 +235,7 @@ async fn pump<R, W>(
     sides: (Side, Side),
     count: &AtomicU64,
     first: Option<&AtomicU16>,
+    tap: Option<&Tap>,
 ) -> End
 where
     R: AsyncRead + Readable + Unpin,
@@ -282,6 +308,11 @@ where
             return End::Error(sides.1, e);
         }
         count.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        match (tap, sides.0) {
+            (Some(t), Side::Client) => t.up(bytes.len() as u64),
+            (Some(t), Side::Upstream) => t.down(bytes.len() as u64),
+            (None, _) => {}
+        }
         big = chunk.and_then(|buf| {
             let filled = buf.len() == buf.capacity();
             if !filled && r.socket().is_some() {

@@ -52,6 +52,7 @@ pub async fn handle(
 ) -> Result<Response<Body>, ProxyError> {
     let target = proxy::target_of(req.uri(), "CONNECT needs a host:port target")?;
     let route = proxy::route(gw, req.headers(), &target, true, peer).await?;
+    let entry = proxy::ledger::routed(req.extensions(), &route);
     let (mut lease, io) = proxy::open(gw, &route, |up| {
         let gw = gw.clone();
         let target = target.clone();
@@ -59,6 +60,7 @@ pub async fn handle(
     })
     .await?;
     lease.mark_latency();
+    proxy::ledger::attach(entry, &mut lease);
 
     let mut resp = Response::new(body::empty());
     *resp.status_mut() = StatusCode::OK;
@@ -181,7 +183,13 @@ pub async fn relay(gw: &Gateway, door: Door, client: impl Io, upstream: BoxIo, l
     let activity = Activity::new();
     let renew_every = lease.ttl() / 2;
     let no_reply_within = Some(gw.config.server.connect_timeout);
-    let copy = pipe::copy(client, upstream, activity.clone(), no_reply_within);
+    let copy = pipe::copy_metered(
+        client,
+        upstream,
+        activity.clone(),
+        no_reply_within,
+        lease.tap().cloned(),
+    );
     tokio::pin!(copy);
     // One timer serves both the idle check and the lease's renewal, set for whichever is due
     // first: a tunnel is mostly short, and a timer costs as much to arm and drop as the rest of
