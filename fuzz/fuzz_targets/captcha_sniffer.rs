@@ -38,10 +38,13 @@ fuzz_target!(|data: &[u8]| {
         from = cut;
     }
     let seen: Vec<u8> = body[..body.len().min(cfg.sniff_bytes)].to_ascii_lowercase();
-    let expected = cfg
-        .markers
-        .iter()
-        .any(|m| seen.windows(m.len()).any(|w| w == m.to_ascii_lowercase().as_bytes()));
-    assert_eq!(found, expected, "split sniffing disagrees with a whole-body search");
+    let expected = cfg.markers.iter().any(|m| {
+        seen.windows(m.len())
+            .any(|w| w == m.to_ascii_lowercase().as_bytes())
+    });
+    assert_eq!(
+        found, expected,
+        "split sniffing disagrees with a whole-body search"
+    );
     assert_eq!(sniffer.found(), expected);
 });

@@ -42,7 +42,10 @@ fuzz_target!(|data: &[u8]| {
         // What the checks promise of a request they let through.
         let te: Vec<_> = headers.get_all(header::TRANSFER_ENCODING).iter().collect();
         let cl: Vec<_> = headers.get_all(header::CONTENT_LENGTH).iter().collect();
-        assert!(te.len() <= 1 && cl.len() <= 1, "repeated framing header passed");
+        assert!(
+            te.len() <= 1 && cl.len() <= 1,
+            "repeated framing header passed"
+        );
         assert!(te.is_empty() || cl.is_empty(), "CL and TE together passed");
         if let Some(te) = te.first() {
             assert!(te.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"));

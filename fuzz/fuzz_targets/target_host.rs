@@ -13,7 +13,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Ok(host) = canonical_host(raw) {
-        assert_eq!(canonical_host(&host).as_deref(), Ok(host.as_str()), "not a fixed point");
+        assert_eq!(
+            canonical_host(&host).as_deref(),
+            Ok(host.as_str()),
+            "not a fixed point"
+        );
     }
     let port = u16::from(p) * 257;
     if let Ok(t) = Target::parse(raw, port) {
