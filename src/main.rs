@@ -39,6 +39,8 @@ enum Command {
     /// Run the gateway (the default).
     Run,
     /// Validate the config file and exit: 0 when valid, non-zero with every problem listed.
+    /// Risks in a valid config (an admin listener beyond loopback, private targets reachable
+    /// through a direct upstream, a client allowlist that admits everyone) are warned about.
     Check,
     /// Read a password from standard input (one line) and print its argon2 hash, for
     /// `password_hash` in `[auth.users.<name>]`.
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
         Command::Check => match Config::load(&cli.config) {
             Ok(c) => {
                 // A malformed line is skipped at run time, not refused; say so here as well.
+                let mut from_files = Vec::new();
                 for p in c.pools.values() {
                     let Some(path) = &p.sources.file else {
                         continue;
@@ -104,7 +107,15 @@ fn main() -> ExitCode {
                                 p.name
                             );
                         }
+                        from_files.push((p.name.as_str(), listed.upstreams));
                     }
+                }
+                let listed: Vec<_> = from_files
+                    .iter()
+                    .map(|(pool, ups)| (*pool, ups.as_slice()))
+                    .collect();
+                for warning in c.warnings(&listed) {
+                    eprintln!("warning: {warning}");
                 }
                 let lists = c.pools.values().filter(|p| !p.sources.is_empty()).count();
                 println!(
@@ -122,6 +133,7 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("{e}");
+                eprintln!("poolgate run refuses to start with this config until these are fixed");
                 ExitCode::from(EXIT_BAD_CONFIG)
             }
         },

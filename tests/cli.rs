@@ -193,6 +193,105 @@ fn check_warns_about_skipped_list_lines_without_failing_or_echoing_them() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
 }
 
+/// `check` on a config that loads but carries a risk: it says which key and what to set, and
+/// still exits 0; the shipped configs carry none. An open proxy is not a warning: the gateway
+/// refuses to start with it, and `check` fails saying so.
+#[test]
+fn check_warns_about_risky_but_valid_configs_and_fails_an_open_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |text: &str| {
+        let path = write_config(&dir, text);
+        let out = std::process::Command::new(BIN)
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), err)
+    };
+    let warnings = |err: &str| err.lines().filter(|l| l.starts_with("warning:")).count();
+    let pool = "[pools.default]\nupstreams = [\"direct://\"]\n";
+
+    // Admin listener beyond loopback: it already needs the admin token; check warns as well.
+    let (ok, err) = check(&format!(
+        "[server]\nadmin_listen = \"0.0.0.0:8081\"\nadmin_token = \"0123456789abcdef\"\n{pool}"
+    ));
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: server.admin_listen")
+            && err.contains("admin_listen = \"127.0.0.1:8081\""),
+        "{err}"
+    );
+    assert!(!err.contains("0123456789abcdef"), "a token leaked:\n{err}");
+    let (ok, err) = check(&format!(
+        "[server]\nadmin_listen = \"0.0.0.0:8081\"\n{pool}"
+    ));
+    assert!(!ok && err.contains("server.admin_token"), "{err}");
+
+    // Private targets with a direct upstream, inline or from an upstreams file.
+    let (ok, err) = check(&format!("[policy]\nallow_private_targets = true\n{pool}"));
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: policy.allow_private_targets")
+            && err.contains("pools.default.upstreams[0]")
+            && err.contains("allow_private_targets = false")
+            && err.contains("policy.allow_targets"),
+        "{err}"
+    );
+    std::fs::write(
+        dir.path().join("ups.txt"),
+        "http://127.0.0.1:3128\ndirect://#nic\n",
+    )
+    .unwrap();
+    let (ok, err) = check(
+        "[policy]\nallow_private_targets = true\n[pools.default]\nupstreams_file = \"ups.txt\"\n",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: policy.allow_private_targets")
+            && err.contains("pools.default.upstreams_file"),
+        "{err}"
+    );
+    let (ok, err) = check(
+        "[policy]\nallow_private_targets = true\n[pools.default]\nupstreams = [\"http://127.0.0.1:3128\"]\n",
+    );
+    assert!(ok && warnings(&err) == 0, "{err}");
+
+    // A client allowlist that admits every address leaves the proxy open.
+    let (ok, err) = check(&format!(
+        "[server]\nlisten = \"0.0.0.0:8080\"\n[auth]\nclient_cidrs = [\"10.0.0.0/8\", \"0.0.0.0/0\"]\n{pool}"
+    ));
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: auth.client_cidrs") && err.contains("0.0.0.0/0"),
+        "{err}"
+    );
+
+    // No users and no client allowlist beyond loopback: refused, by run and by check.
+    let (ok, err) = check(&format!("[server]\nlisten = \"0.0.0.0:8080\"\n{pool}"));
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("server.listen")
+            && err.contains("client_cidrs")
+            && err.contains("refuses to start"),
+        "{err}"
+    );
+
+    // The shipped configs warn about nothing.
+    let root = env!("CARGO_MANIFEST_DIR");
+    for shipped in ["gateway.toml", "docker/gateway.toml"] {
+        let out = std::process::Command::new(BIN)
+            .args(["check", "--config", &format!("{root}/{shipped}")])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && warnings(&err) == 0,
+            "{shipped}: {err}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_20_in_flight_requests_finish_then_exits_zero() {
     let origin = Origin::start(OriginBehaviour::echo()).await;

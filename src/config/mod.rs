@@ -28,6 +28,7 @@ mod store;
 mod tests;
 mod upstream_tls;
 mod validate;
+mod warnings;
 
 use std::collections::BTreeMap;
 use std::path::Path;

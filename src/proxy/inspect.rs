@@ -134,32 +134,68 @@ enum Peek {
 
 /// Reads until a whole ClientHello is in `buf` (parsed by rustls), or it is clear none is coming.
 async fn peek_hello(client: &mut ClientIo, buf: &mut Vec<u8>) -> Peek {
-    let mut acceptor = rustls::server::Acceptor::default();
+    let mut reader = HelloReader::default();
     let mut chunk = vec![0u8; 8 * 1024];
-    while buf.len() < MAX_HELLO_BYTES {
+    loop {
         let n = match client.read(&mut chunk).await {
             Ok(0) | Err(_) => return Peek::Closed,
             Ok(n) => n,
         };
         buf.extend_from_slice(&chunk[..n]);
-        if buf[0] != TLS_HANDSHAKE {
-            return Peek::NotTls;
-        }
-        let mut rd: &[u8] = &chunk[..n];
-        while !rd.is_empty() {
-            if acceptor.read_tls(&mut rd).is_err() {
-                return Peek::NotTls;
-            }
-        }
-        match acceptor.accept() {
-            Ok(Some(accepted)) => {
-                return Peek::Hello(accepted.client_hello().server_name().map(str::to_owned));
-            }
-            Ok(None) => {}
-            Err(_) => return Peek::NotTls,
+        match reader.feed(&chunk[..n]) {
+            HelloStep::More => {}
+            HelloStep::Hello(sni) => return Peek::Hello(sni),
+            HelloStep::NotTls => return Peek::NotTls,
         }
     }
-    Peek::NotTls
+}
+
+/// The parsing half of reading a ClientHello, apart from the socket: fed the client's bytes as
+/// they arrive, it says when a whole hello (and its SNI name) is in, or that none is coming.
+#[derive(Default)]
+pub struct HelloReader {
+    acceptor: rustls::server::Acceptor,
+    /// Bytes fed so far.
+    seen: usize,
+    first: Option<u8>,
+}
+
+/// What the bytes fed to a [`HelloReader`] so far amount to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HelloStep {
+    /// A hello may still come: feed more.
+    More,
+    /// A complete ClientHello, with its SNI name if any.
+    Hello(Option<String>),
+    /// Not TLS, or not a hello worth parsing.
+    NotTls,
+}
+
+impl HelloReader {
+    /// Takes the next bytes from the client (never empty: an empty read is the client gone).
+    pub fn feed(&mut self, chunk: &[u8]) -> HelloStep {
+        self.seen += chunk.len();
+        if *self
+            .first
+            .get_or_insert(chunk.first().copied().unwrap_or(0))
+            != TLS_HANDSHAKE
+        {
+            return HelloStep::NotTls;
+        }
+        let mut rd = chunk;
+        while !rd.is_empty() {
+            if self.acceptor.read_tls(&mut rd).is_err() {
+                return HelloStep::NotTls;
+            }
+        }
+        match self.acceptor.accept() {
+            Ok(Some(accepted)) => {
+                HelloStep::Hello(accepted.client_hello().server_name().map(str::to_owned))
+            }
+            Ok(None) if self.seen < MAX_HELLO_BYTES => HelloStep::More,
+            Ok(None) | Err(_) => HelloStep::NotTls,
+        }
+    }
 }
 
 /// A failed step towards the origin: the outcome it records and the error the client sees.
@@ -534,5 +570,54 @@ impl Shared {
                 },
             })?;
         origin_connect(&self.gw, &self.upstream.id, &self.target, &self.name, io).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{HelloReader, HelloStep};
+
+    fn client_hello(sni: &str) -> Vec<u8> {
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from(sni.to_string()).unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut out = Vec::new();
+        conn.write_tls(&mut out).unwrap();
+        out
+    }
+
+    /// A hello is read the same in one piece or a byte at a time; anything else is not TLS.
+    #[test]
+    fn a_hello_is_read_however_it_is_split() {
+        let hello = client_hello("example.com");
+        let mut whole = HelloReader::default();
+        let want = HelloStep::Hello(Some("example.com".to_string()));
+        assert_eq!(whole.feed(&hello), want);
+        let mut bytewise = HelloReader::default();
+        for (i, b) in hello.iter().enumerate() {
+            let step = bytewise.feed(std::slice::from_ref(b));
+            if i + 1 < hello.len() {
+                assert_eq!(step, HelloStep::More, "byte {i}");
+            } else {
+                assert_eq!(step, want);
+            }
+        }
+        assert_eq!(
+            HelloReader::default().feed(b"GET / HTTP/1.1\r\n"),
+            HelloStep::NotTls
+        );
+        // A handshake record that is no hello.
+        assert_eq!(
+            HelloReader::default().feed(&[0x16, 3, 1, 0, 4, 2, 0, 0, 0]),
+            HelloStep::NotTls
+        );
     }
 }

@@ -137,6 +137,8 @@ pub enum UpstreamUrlError {
     Port,
     #[error("missing host")]
     Host,
+    #[error("the host is neither a DNS name nor an IP address (an IPv6 address goes in brackets)")]
+    BadHost,
     #[error("direct:// takes only an optional local IP address to bind to")]
     DirectBind,
     #[error("invalid percent-encoding in credentials")]
@@ -319,16 +321,28 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
-/// Splits `host:port` or `[v6]:port`; the port is required.
+/// Splits `host:port` or `[v6]:port`; the port is required. The host is a DNS name (letters,
+/// digits, `-`, `_`, `.`) or an IP address, IPv6 in brackets: anything else could not be dialed,
+/// and would not read back from [`Upstream::to_url`] as the same upstream.
 pub(crate) fn split_host_port(s: &str) -> Result<(String, u16), UpstreamUrlError> {
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+    let (host, port, bracketed) = if let Some(rest) = s.strip_prefix('[') {
         let (h, p) = rest.split_once(']').ok_or(UpstreamUrlError::Host)?;
-        (h, p.strip_prefix(':').ok_or(UpstreamUrlError::Port)?)
+        (h, p.strip_prefix(':').ok_or(UpstreamUrlError::Port)?, true)
     } else {
-        s.rsplit_once(':').ok_or(UpstreamUrlError::Port)?
+        let (h, p) = s.rsplit_once(':').ok_or(UpstreamUrlError::Port)?;
+        (h, p, false)
     };
     if host.is_empty() {
         return Err(UpstreamUrlError::Host);
+    }
+    let valid = if bracketed {
+        host.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        host.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    if !valid {
+        return Err(UpstreamUrlError::BadHost);
     }
     let port: u16 = port.parse().map_err(|_| UpstreamUrlError::Port)?;
     if port == 0 {
@@ -419,6 +433,27 @@ mod tests {
         ] {
             let err = Upstream::parse(bad).unwrap_err();
             assert!(!err.to_string().contains("u:p"), "{bad}: {err}");
+        }
+    }
+
+    /// Found by the `upstream_url` fuzz target: a host with brackets inside it parsed, and its
+    /// `to_url` (how instances share lists) did not read back, so other instances dropped it.
+    #[test]
+    fn a_host_that_is_no_name_or_address_is_refused() {
+        for bad in [
+            "socks5://ffffffff[2001:db8::1]:1080",
+            "http://h]:1",
+            "http://a:b:1",
+            "http://[not-v6]:1",
+            "http://[fe80::1%eth0]:1",
+            "http://h%20:1",
+            "http://u:p@h/x:1",
+        ] {
+            assert!(Upstream::parse(bad).is_err(), "{bad}");
+        }
+        for good in ["http://Proxy-1.example_x:3128", "http://[::ffff:1.2.3.4]:1"] {
+            let u = Upstream::parse(good).unwrap();
+            assert_eq!(Upstream::parse(&u.to_url()).unwrap(), u, "{good}");
         }
     }
 }
