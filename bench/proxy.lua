@@ -16,6 +16,10 @@ function init(args)
    end
    wrk.path = target
    wrk.headers["Host"] = authority
+   -- An optional second argument asks for a kind of exit: the X-Pool-Labels header (issue #33).
+   if args[2] ~= nil and args[2] ~= "" then
+      wrk.headers["X-Pool-Labels"] = args[2]
+   end
 end
 
 function done(summary, latency, requests)

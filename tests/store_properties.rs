@@ -198,7 +198,13 @@ async fn run_case(backend: &Backend<'_>, case: Case, ops: &[Op]) {
         match op {
             Op::Acquire { on } => {
                 let got = clients[*on]
-                    .acquire(&name, Want::Any { exclude: &[] })
+                    .acquire(
+                        &name,
+                        Want::Any {
+                            exclude: &[],
+                            within: None,
+                        },
+                    )
                     .await
                     .unwrap();
                 if let Acquired::Granted(g) = got {
@@ -234,6 +240,7 @@ async fn run_case(backend: &Backend<'_>, case: Case, ops: &[Op]) {
                             ttl: SESSION_TTL,
                             preferred: &preferred,
                             rebind: *rebind,
+                            within: None,
                         },
                     )
                     .await
@@ -340,7 +347,13 @@ async fn run_case(backend: &Backend<'_>, case: Case, ops: &[Op]) {
     let mut again = 0u64;
     loop {
         match clients[(again % 2) as usize]
-            .acquire(&name, Want::Any { exclude: &[] })
+            .acquire(
+                &name,
+                Want::Any {
+                    exclude: &[],
+                    within: None,
+                },
+            )
             .await
             .unwrap()
         {
