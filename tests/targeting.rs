@@ -600,3 +600,56 @@ async fn the_dashboard_filters_its_tables_by_a_label() {
     );
     assert!(de.contains("country=de type=datacenter"), "{de}");
 }
+
+/// A filter whose every member is out of service behaves like an exhausted pool: the request
+/// waits up to `queue_timeout`, then gets `503 pool-exhausted`; other filters are served, and a
+/// member restored serves the filter again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_with_every_member_out_of_service_is_an_exhausted_pool() {
+    const TOKEN: &str = "targeting-test-admin-token";
+    let origin = Origin::start(OriginBehaviour::echo()).await;
+    let fakes = Fakes::start().await;
+    let gw = TestGateway::start_with(
+        &format!("admin_token = \"{TOKEN}\""),
+        &config(&fakes, &origin, "", "queue_timeout = \"300ms\""),
+    )
+    .await;
+    let admin = reqwest::Client::builder().no_proxy().build().unwrap();
+    let act = |id: &str, action: &str| {
+        let body = serde_json::json!({"pool": "default", "upstream": id, "action": action, "duration_s": 300});
+        admin
+            .post(format!("http://{}/admin/upstream", gw.admin))
+            .bearer_auth(TOKEN)
+            .body(body.to_string())
+            .send()
+    };
+    for id in ["de1", "de2"] {
+        let r = act(id, "quarantine").await.unwrap();
+        assert!(r.status().is_success(), "{id}: {}", r.text().await.unwrap());
+    }
+    let proxy = gw.proxy.to_string();
+    let started = std::time::Instant::now();
+    let resp = client_as(&proxy, "acct-country-de")
+        .get(origin.url("/ok"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["x-pool-error"], "pool-exhausted");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "it waited for queue_timeout"
+    );
+    assert_eq!(
+        gets(&proxy, &origin, "acct-country-us", &[], 2).await,
+        BTreeSet::from([200])
+    );
+    fakes.clear();
+    let r = act("de2", "restore").await.unwrap();
+    assert!(r.status().is_success());
+    assert_eq!(
+        gets(&proxy, &origin, "acct-country-de", &[], 3).await,
+        BTreeSet::from([200])
+    );
+    assert_eq!(fakes.used(), names(&["de2"]));
+}
