@@ -51,6 +51,18 @@ const TABLE: &[(&str, Want)] = &[
         Keyed("poolgate_upstreams", "state"),
     ),
     (
+        "pools[].bytes_by_label.*.*.bytes_up",
+        Not(
+            "the same sums are poolgate_label_bytes_total{label,value,direction=\"up\"} (nested keys; compared in tests/targeting.rs)",
+        ),
+    ),
+    (
+        "pools[].bytes_by_label.*.*.bytes_down",
+        Not(
+            "the same sums are poolgate_label_bytes_total{label,value,direction=\"down\"} (nested keys; compared in tests/targeting.rs)",
+        ),
+    ),
+    (
         "pools[].labels.*.*.*",
         Not(
             "members by label value and state: in /metrics as poolgate_upstreams split by the pool's metric_labels, so that cardinality stays the operator's choice",

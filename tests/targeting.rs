@@ -291,6 +291,26 @@ async fn filters_on_the_embedded_store() {
         !metrics.contains("type=\"mobile\""),
         "only metric_labels keys are labels"
     );
+    // Bytes by label value: the sum of the members with that value, in /status and /metrics.
+    let status = gw.status().await;
+    let by_label = &status["pools"][0]["bytes_by_label"]["country"];
+    let us_down = by_label["us"]["bytes_down"].as_u64().unwrap();
+    let members_down: u64 = status["pools"][0]["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["labels"]["country"] == "us")
+        .map(|u| u["bytes_down"].as_u64().unwrap())
+        .sum();
+    assert!(us_down > 0 && us_down == members_down, "{by_label}");
+    let line = format!(
+        "poolgate_label_bytes_total{{pool=\"default\",label=\"country\",value=\"us\",direction=\"down\"}} {us_down}"
+    );
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.lines().any(|l| l == line),
+        "{line} missing in:\n{metrics}"
+    );
 
     // /status shows each upstream's labels and, per pool, states by label value.
     let status = gw.status().await;

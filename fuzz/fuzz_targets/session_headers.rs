@@ -1,4 +1,4 @@
-//! The session headers (`X-Pool-Session` and its aliases, `X-Pool-Name`) and Basic
+//! The session headers (`X-Pool-Session` and its aliases, `X-Pool-Name`, `X-Pool-Labels`) and Basic
 //! `Proxy-Authorization`, read together by `session::parse` from a header map built of the input.
 //!
 //! Input: lines `<n><value>`, where the first byte picks the header name from a short table (so
@@ -19,6 +19,7 @@ const NAMES: &[&str] = &[
     "proxy-authorization",
     "host",
     "x-pool-other",
+    "x-pool-labels",
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -422,10 +422,24 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
     let mut skipped_lines = Vec::new();
     let mut pool_bytes = Vec::new();
     let mut upstream_bytes = Vec::new();
+    let mut label_bytes = Vec::new();
     for p in &s.pools {
         let pool = || ("pool", p.name.clone());
         for (direction, n) in [("up", p.bytes_up), ("down", p.bytes_down)] {
             pool_bytes.push((vec![pool(), ("direction", direction.to_string())], n));
+        }
+        for (key, values) in &p.bytes_by_label {
+            for (value, b) in values {
+                for (direction, n) in [("up", b.bytes_up), ("down", b.bytes_down)] {
+                    let l = vec![
+                        pool(),
+                        ("label", key.clone()),
+                        ("value", value.clone()),
+                        ("direction", direction.to_string()),
+                    ];
+                    label_bytes.push((l, n));
+                }
+            }
         }
         for u in &p.upstreams {
             let labels = || vec![pool(), ("upstream", u.id.clone())];
@@ -485,6 +499,12 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
         "Bytes through a pool's upstreams since start on this instance, by direction (up: request bodies and tunnel bytes out through the upstream, down: back)",
         true,
         pool_bytes,
+    );
+    family(
+        "poolgate_label_bytes",
+        "Bytes through the upstreams with one value of a metric_labels key, since start on this instance, by direction",
+        true,
+        label_bytes,
     );
     family(
         "poolgate_upstream_bytes",

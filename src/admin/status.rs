@@ -59,6 +59,9 @@ pub struct PoolView {
     pub bytes_up: u64,
     /// Bytes back from them.
     pub bytes_down: u64,
+    /// Bytes by value of each `metric_labels` key, summed over the members with that value:
+    /// `{"country": {"us": {"bytes_up": …, "bytes_down": …}}}`.
+    pub bytes_by_label: BTreeMap<String, BTreeMap<String, LabelBytes>>,
     pub sessions_live: u64,
     pub leases_live: u64,
     pub counts_by_state: std::collections::BTreeMap<&'static str, usize>,
@@ -77,6 +80,12 @@ pub struct PoolView {
     pub rate_limit: RateLimitView,
     /// Upstream lists and admission (`null` when the pool has no `upstreams_file`/`upstreams_url`).
     pub sources: Option<crate::sources::SourceStatus>,
+}
+
+#[derive(Serialize, Default)]
+pub struct LabelBytes {
+    pub bytes_up: u64,
+    pub bytes_down: u64,
 }
 
 #[derive(Serialize)]
@@ -164,8 +173,24 @@ pub async fn collect(gw: &Gateway) -> Status {
                     .or_default() += 1;
             }
         }
+        // Every member's bytes are counted whatever per_upstream_max says: a label value's are
+        // their sum, for the keys the operator named (bounded, as metric_labels is).
+        let mut bytes_by_label: BTreeMap<String, BTreeMap<String, LabelBytes>> = BTreeMap::new();
+        for key in &pool.config.metric_labels {
+            let values = bytes_by_label.entry(key.clone()).or_default();
+            for id in pool.members() {
+                let Some(value) = pool.upstream(id).and_then(|u| u.labels.get(key)) else {
+                    continue;
+                };
+                let b = gw.meter.upstream(pool.name(), id.as_str());
+                let sum = values.entry(value.to_string()).or_default();
+                sum.bytes_up += b.up;
+                sum.bytes_down += b.down;
+            }
+        }
         views.push(PoolView {
             name: pool.name().to_string(),
+            bytes_by_label,
             metric_labels: pool.config.metric_labels.clone(),
             default: pool.name() == gw.live.load().default_pool,
             strategy: pool.config.strategy.as_str(),
