@@ -786,3 +786,62 @@ async fn username_labels_select_exits_over_socks_as_over_http() {
     assert_eq!(code, 1);
     assert_eq!((us.connects(), de.connects()), (0, 3));
 }
+
+/// With the access log on, a SOCKS5 tunnel gets its line when it ends (method `SOCKS5`, the
+/// target as asked, user, session, pool, upstream, bytes), and a refused request gets one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socks_tunnels_and_refusals_get_access_log_lines() {
+    let origin = Origin::start(OriginBehaviour::fixed("logged")).await;
+    let up = FakeProxy::start(FakeProxyOpts::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let gw = gateway(
+        &[&up],
+        origin.port(),
+        true,
+        &format!("[log]\naccess = {:?}\n", path.display().to_string()),
+    )
+    .await;
+    let (code, s) = request(
+        gw.socks(),
+        Some(("user-session-s1", "pw")),
+        &connect_v4(origin.port()),
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(get_over(s, &origin, "/").await.ends_with("logged"));
+    let mut bind = connect_v4(origin.port());
+    bind[1] = 2;
+    let (code, _) = request(gw.socks(), Some(("user", "pw")), &bind).await;
+    assert_eq!(code, 7);
+    let read = || std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        common::wait_until(|| read().lines().count() >= 2, Duration::from_secs(10)).await,
+        "two lines: {}",
+        read()
+    );
+    let text = read();
+    assert!(!text.contains(":pw"), "{text}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tunnel = lines
+        .iter()
+        .find(|l| l["status"] == 200)
+        .expect("the tunnel's line");
+    assert_eq!(tunnel["method"], "SOCKS5");
+    assert_eq!(tunnel["target"], format!("127.0.0.1:{}", origin.port()));
+    assert_eq!(tunnel["user"], "user");
+    assert_eq!(tunnel["session"], "s1");
+    assert_eq!(tunnel["pool"], "default");
+    assert_eq!(tunnel["upstream"], up.url().as_str());
+    assert_eq!(tunnel["outcome"], "ok");
+    assert!(tunnel["bytes_down"].as_u64().unwrap() > 0, "{tunnel}");
+    let refused = lines
+        .iter()
+        .find(|l| l["status"] != 200)
+        .expect("the refusal's line");
+    assert_eq!(refused["method"], "SOCKS5");
+    assert_eq!(refused["upstream"], serde_json::Value::Null);
+}

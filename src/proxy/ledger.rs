@@ -43,16 +43,28 @@ fn host_port(uri: &http::Uri) -> Option<String> {
     Some(format!("{}:{port}", a.host()))
 }
 
+/// A SOCKS5 request's entry, when the access log is on: method `SOCKS5`, the target as asked.
+pub fn begin_socks(gw: &Gateway, peer: SocketAddr, target: String) -> Option<Arc<Entry>> {
+    let log = gw.access_log.as_ref()?;
+    let method = http::Method::from_bytes(b"SOCKS5").unwrap_or(http::Method::CONNECT);
+    Some(log.entry(peer, &method, http::Version::HTTP_11, Some(target)))
+}
+
 /// The request's entry with routing's decisions: user, session, pool, label filter.
 pub fn routed(ext: &http::Extensions, route: &Route) -> Option<Arc<Entry>> {
     let entry = ext.get::<Arc<Entry>>()?.clone();
+    fill_route(&entry, route);
+    Some(entry)
+}
+
+/// Routing's decisions into `entry`, for a front door that keeps its entry itself.
+pub fn fill_route(entry: &Entry, route: &Route) {
     entry.update(|f| {
         f.user = route.user.clone();
         f.session = route.session.as_ref().map(|s| s.key.as_str().to_string());
         f.pool = Some(route.pool.name().to_string());
         f.label = route.filter.as_ref().map(|v| v.name());
     });
-    Some(entry)
 }
 
 /// The connected upstream joins the entry, and the lease carries the entry to its release.

@@ -36,6 +36,7 @@ use crate::outcome::Outcome;
 use crate::pool::lease::Lease;
 use crate::pool::select::Route;
 use crate::proxy;
+use crate::proxy::ledger;
 use crate::proxy::respond::{self, ErrorResponse};
 use crate::proxy::tunnel::Carry;
 use crate::session::{self, SessionRequest};
@@ -70,6 +71,14 @@ pub async fn handle(gw: Arc<Gateway>, mut stream: TcpStream, peer: SocketAddr, s
         }
     };
     let ticket = gw.counters.accept(Door::Socks5);
+    let entry = {
+        let host = match &request.addr {
+            socks5::Addr::Ip(std::net::IpAddr::V6(ip)) => format!("[{ip}]"),
+            socks5::Addr::Ip(ip) => ip.to_string(),
+            socks5::Addr::Domain(name) => name.clone(),
+        };
+        ledger::begin_socks(&gw, peer, format!("{host}:{}", request.port))
+    };
     let connect = match request.command {
         Command::Connect => connect(&gw, ask, &request, peer).await,
         Command::Bind | Command::UdpAssociate => Err(Answer::Protocol(Reply::CommandNotSupported)),
@@ -100,10 +109,21 @@ pub async fn handle(gw: Arc<Gateway>, mut stream: TcpStream, peer: SocketAddr, s
             }
             gw.counters.socks5_reply(reply);
             ticket.finish(end);
+            let (status, code) = match &answer {
+                Answer::Error(e) => (e.status(), Some(e.code())),
+                Answer::Protocol(_) => (http::StatusCode::NOT_IMPLEMENTED, None),
+            };
+            ledger::answered(entry, status, code);
             let _ = write(&mut stream, &socks5::reply(reply), reply_deadline(&gw)).await;
             return;
         }
     };
+    let mut lease = lease;
+    if let Some(entry) = &entry {
+        ledger::fill_route(entry, &route);
+    }
+    ledger::attach(entry.clone(), &mut lease);
+    ledger::answered(entry, http::StatusCode::OK, None);
     let carry = Carry::plan(&gw, Door::Socks5, &route, target);
     let replied = write(
         &mut stream,
