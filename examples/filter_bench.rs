@@ -13,7 +13,6 @@
 //! ```
 
 use std::error::Error;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +25,10 @@ use poolgate::store::{Acquired, AnyStore, PoolSpec, Store, Subset, Want};
 use poolgate::upstream::UpstreamId;
 
 type BoxError = Box<dyn Error + Send + Sync>;
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
 
 const POOL: &str = "bench";
 const MEMBERS: usize = 10_000;
@@ -127,51 +130,6 @@ async fn run(
         return Err("the store went degraded during the run".into());
     }
     Ok(pairs.load(Ordering::Relaxed))
-}
-
-/// A `redis-server` on a free loopback port, killed on drop.
-struct Server(std::process::Child, u16);
-
-impl Server {
-    fn start() -> Result<Server, BoxError> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()?;
-        let server = Server(child, port);
-        for _ in 0..250 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(server);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err("redis-server did not start".into())
-    }
-
-    /// Commands Redis has run so far (INFO stats `total_commands_processed`).
-    fn commands(&self) -> Result<u64, BoxError> {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.1.to_string(), "INFO", "stats"])
-            .output()?;
-        let text = String::from_utf8(out.stdout)?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .ok_or("no total_commands_processed")?
-            .trim()
-            .parse()
-            .map_err(Into::into)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::main]

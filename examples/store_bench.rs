@@ -30,6 +30,10 @@ use poolgate::upstream::UpstreamId;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
+
 const POOL: &str = "bench";
 
 fn spec() -> PoolSpec {
@@ -126,37 +130,6 @@ fn two_processes(redis: Option<&str>, tasks: usize, seconds: u64) -> Result<u64,
         total += String::from_utf8(out.stdout)?.trim().parse::<u64>()?;
     }
     Ok(total)
-}
-
-/// A `redis-server` on a free loopback port, killed on drop.
-struct Server(std::process::Child, u16);
-
-impl Server {
-    fn start() -> Result<Server, BoxError> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()?;
-        let server = Server(child, port);
-        for _ in 0..250 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(server);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err("redis-server did not start".into())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::main]

@@ -125,8 +125,9 @@ pub async fn route(
     route_ask(gw, ask, target, connect, peer).await
 }
 
-/// Admission and routing common to every front door, from what the client asked for: client
-/// allowlist, authentication, target policy, session, pool.
+/// Admission and routing common to every front door, from what the client asked for:
+/// authentication, target policy, session, pool. The client allowlist is the front door's to
+/// check, before it reads anything of the request ([`route`], the SOCKS5 handshake).
 pub async fn route_ask(
     gw: &Gateway,
     ask: SessionRequest,
@@ -135,7 +136,6 @@ pub async fn route_ask(
     peer: SocketAddr,
 ) -> Result<Route, ProxyError> {
     let live = gw.live.load_full();
-    admit::check_client(&live.auth, peer.ip())?;
     let user_name: Option<Arc<str>> = live
         .auth
         .required()
