@@ -103,7 +103,11 @@ async fn main() -> Result<(), BoxError> {
             inspected_rps / raw_rps
         );
     }
-    let status = poolgate::admin::status::collect(running.gateway()).await;
+    let status = poolgate::admin::status::collect(
+        running.gateway(),
+        &poolgate::admin::status::Listing::everything(),
+    )
+    .await;
     println!(
         "intercept: {} tunnels inspected, {} requests relayed, {} leaves minted",
         status.intercept.tunnels_inspected,

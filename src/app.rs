@@ -264,7 +264,11 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
         sources,
         probes: Default::default(),
         captcha: CaptchaRules::new(&config.captcha),
-        metrics: Arc::new(Metrics::new()),
+        metrics: Arc::new({
+            let m = Metrics::new();
+            m.set_per_upstream_max(config.metrics.per_upstream_max);
+            m
+        }),
         meter: crate::meter::Meter::new(),
         access_log,
         connector,

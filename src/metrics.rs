@@ -14,6 +14,7 @@
 //! accounting, interception, the store, health, probes, lists) are read from the same snapshot
 //! at each scrape by `StatusSeries`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
 
 use prometheus_client::collector::Collector;
@@ -124,6 +125,8 @@ pub struct Metrics {
     pub(crate) status_series: std::sync::Arc<StatusSeries>,
     /// The last hour in 10-second buckets, for `/status/history` and the dashboard.
     pub history: crate::history::History,
+    /// `[metrics] per_upstream_max` in force: members of larger pools are counted together.
+    per_upstream_max: AtomicUsize,
     /// pool -> upstream -> its `requests` and `latency` series (see [`Metrics::record`]).
     pub(crate) exchanges: RwLock<FastMap<String, FastMap<String, MemberSeries>>>,
 }
@@ -159,6 +162,7 @@ impl Metrics {
         let m = Metrics {
             registry: Mutex::new(Registry::default()),
             requests: Family::default(),
+            per_upstream_max: AtomicUsize::new(usize::MAX),
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             upstreams_by_state: Family::default(),
             quarantine_limit: Family::default(),
@@ -301,12 +305,33 @@ impl Metrics {
         m
     }
 
+    /// Sets `[metrics] per_upstream_max` (at start and at each reload).
+    pub fn set_per_upstream_max(&self, n: usize) {
+        self.per_upstream_max.store(n, Ordering::Relaxed);
+    }
+
     /// Records one finished exchange (called at every lease release). The member's series are
     /// kept at hand: recording is then two atomic updates under a read lock, instead of three
     /// label strings, two hashes and two family locks per exchange. (The two families are never
     /// cleared, so the kept series stay theirs.)
-    pub fn record(&self, pool: &str, upstream: &str, outcome: Outcome, latency_s: f64) {
+    ///
+    /// A member of a pool of more than `per_upstream_max` members (`pool_size`) is counted under
+    /// `upstream=""`, with the pool's other members: a pool of 100,000 exits would otherwise make
+    /// as many series per outcome, and keep those of members long gone.
+    pub fn record(
+        &self,
+        pool: &str,
+        upstream: &str,
+        pool_size: usize,
+        outcome: Outcome,
+        latency_s: f64,
+    ) {
         self.history.record(pool, outcome, latency_s);
+        let upstream = if pool_size > self.per_upstream_max.load(Ordering::Relaxed) {
+            ""
+        } else {
+            upstream
+        };
         let record = |s: &MemberSeries| {
             s.outcomes[outcome.index()]
                 .get_or_init(|| {

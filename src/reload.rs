@@ -150,6 +150,8 @@ pub async fn apply(gw: &Gateway, new: Config) -> Result<ReloadSummary, ReloadErr
         upstreams_added: after.difference(&before).cloned().collect(),
         upstreams_removed: before.difference(&after).cloned().collect(),
     };
+    gw.metrics
+        .set_per_upstream_max(new.metrics.per_upstream_max);
     gw.live.store(Arc::new(new));
     log.generation += 1;
     log.reloads_ok += 1;

@@ -28,12 +28,16 @@ use Want::{Keyed, Not, Series};
 
 const AGE: &str = "an age, not a count";
 const CONFIG: &str = "configuration, not a count";
+const PAGE: &str = "which part of the member list the document shows, not a count";
 const LATENCY: &str = "a latency summary (see poolgate_request_duration_seconds)";
 
 /// `/status` path (arrays as `[]`, map keys as `*`) → its series.
 const TABLE: &[(&str, Want)] = &[
     ("uptime_s", Series(&[("poolgate_uptime_seconds", &[])])),
     ("pools[].max_concurrency", Not(CONFIG)),
+    ("pools[].upstreams_page.offset", Not(PAGE)),
+    ("pools[].upstreams_page.limit", Not(PAGE)),
+    ("pools[].upstreams_page.listed", Not(PAGE)),
     (
         "pools[].upstreams_total",
         Series(&[("poolgate_upstreams", &[])]),

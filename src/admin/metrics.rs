@@ -91,7 +91,8 @@ impl Metrics {
             self.global_incident
                 .get_or_create(&pool)
                 .set(i64::from(p.incidents.global));
-            for u in &p.upstreams {
+            // Per-upstream series only for pools of at most `per_upstream_max` members.
+            for u in p.upstreams.iter().filter(|_| p.per_upstream) {
                 let labels = UpstreamLabels {
                     pool: p.name.clone(),
                     upstream: u.id.clone(),
@@ -441,7 +442,7 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
                 }
             }
         }
-        for u in &p.upstreams {
+        for u in p.upstreams.iter().filter(|_| p.per_upstream) {
             let labels = || vec![pool(), ("upstream", u.id.clone())];
             for (direction, n) in [("up", u.bytes_up), ("down", u.bytes_down)] {
                 if let Some(n) = n {
@@ -585,12 +586,16 @@ mod tests {
     #[test]
     fn exchanges_count_per_member_and_outcome() {
         let m = Metrics::new();
+        m.set_per_upstream_max(2);
         for _ in 0..3 {
-            m.record("p", "http://a:1", Outcome::Ok, 0.01);
+            m.record("p", "http://a:1", 2, Outcome::Ok, 0.01);
         }
-        m.record("p", "http://a:1", Outcome::Timeout, 0.5);
-        m.record("p", "http://b:1", Outcome::Ok, 0.02);
-        m.record("q", "http://a:1", Outcome::Ok, 0.02);
+        m.record("p", "http://a:1", 2, Outcome::Timeout, 0.5);
+        m.record("p", "http://b:1", 2, Outcome::Ok, 0.02);
+        m.record("q", "http://a:1", 2, Outcome::Ok, 0.02);
+        // A pool over per_upstream_max: its members are counted together.
+        m.record("big", "http://a:1", 3, Outcome::Ok, 0.02);
+        m.record("big", "http://b:1", 3, Outcome::Ok, 0.02);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &m.registry.lock().unwrap()).unwrap();
         for line in [
@@ -598,11 +603,13 @@ mod tests {
             r#"poolgate_requests_total{pool="p",upstream="http://a:1",outcome="timeout"} 1"#,
             r#"poolgate_requests_total{pool="p",upstream="http://b:1",outcome="ok"} 1"#,
             r#"poolgate_requests_total{pool="q",upstream="http://a:1",outcome="ok"} 1"#,
+            r#"poolgate_requests_total{pool="big",upstream="",outcome="ok"} 2"#,
             r#"poolgate_request_duration_seconds_count{pool="p"} 5"#,
             r#"poolgate_request_duration_seconds_count{pool="q"} 1"#,
         ] {
             assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
         }
         assert!(!out.contains(r#"outcome="captcha""#), "{out}");
+        assert!(!out.contains(r#"pool="big",upstream="http"#), "{out}");
     }
 }

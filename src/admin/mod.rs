@@ -42,17 +42,23 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, bound: IpAddr) -> 
             text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
         }
         (&Method::GET, "/readyz") => text(StatusCode::OK, "ready\n"),
-        (&Method::GET, "/status") => match serde_json::to_vec_pretty(&status::collect(&gw).await) {
-            Ok(json) => {
-                let mut r = body::response(StatusCode::OK, json);
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                r
+        (&Method::GET, "/status") => {
+            let listing = match status::Listing::parse(req.uri().query()) {
+                Ok(l) => l,
+                Err(e) => return text(StatusCode::BAD_REQUEST, &format!("/status: {e}\n")),
+            };
+            match serde_json::to_vec_pretty(&status::collect(&gw, &listing).await) {
+                Ok(json) => {
+                    let mut r = body::response(StatusCode::OK, json);
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    r
+                }
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
             }
-            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
-        },
+        }
         (&Method::GET, "/status/history") => match serde_json::to_vec(&gw.metrics.history.view()) {
             Ok(json) => {
                 let mut r = body::response(StatusCode::OK, json);
@@ -66,7 +72,10 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, bound: IpAddr) -> 
         },
         (&Method::POST, "/admin/reload") => crate::reload::admin_reload(&gw, &req).await,
         (_, "/admin/reload") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
-        (&Method::GET, "/metrics") => match gw.metrics.render(&status::collect(&gw).await) {
+        (&Method::GET, "/metrics") => match gw
+            .metrics
+            .render(&status::collect(&gw, &status::Listing::everything()).await)
+        {
             Ok(body) => {
                 let mut r = body::response(StatusCode::OK, body);
                 r.headers_mut().insert(

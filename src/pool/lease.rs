@@ -223,6 +223,7 @@ impl Lease {
         h.metrics.record(
             h.pool.name(),
             h.grant.upstream.as_str(),
+            h.pool.members().len(),
             outcome,
             latency.as_secs_f64(),
         );
