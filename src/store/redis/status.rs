@@ -1,4 +1,5 @@
-//! `/status` figures: `status.lua`'s snapshot with what this instance has not sent yet.
+//! `/status` figures: `status.lua`'s snapshot of the live part, the per-member hashes read a
+//! thousand fields a call (HSCAN/ZSCAN), and what this instance has not sent yet.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,18 +17,22 @@ impl Inner {
             return self.fallback.status(pool).await;
         }
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::STATUS, 8);
-        inv.key(&k.state)
-            .key(&k.members)
-            .key(&k.leases)
+        let mut inv = Call::new(&scripts::STATUS, 5);
+        inv.key(&k.leases)
             .key(&k.lease_up)
-            .key(&k.stats)
             .key(&k.sessions)
             .key(&k.instances)
             .key(&k.held)
             .arg(now_ms())
             .arg(&self.instance);
-        match self.eval::<StatusReply>(&inv, self.timeout).await {
+        let read = async {
+            let (sessions, live, reports) = self.eval::<LiveReply>(&inv, self.timeout).await?;
+            let state = self.scan("HSCAN", &k.state).await?;
+            let members = self.scan("ZSCAN", &k.members).await?;
+            let stats = self.scan("HSCAN", &k.stats).await?;
+            Ok::<_, Fault>((sessions, state, members, live, stats, reports))
+        };
+        match read.await {
             Ok(reply) => Ok(status_from(
                 &p.spec.load(),
                 reply,
@@ -43,8 +48,38 @@ impl Inner {
     }
 }
 
-/// `status.lua`'s snapshot: live sessions, states, scores, the upstream of each listed lease,
-/// statistics, and other instances' reports of unlisted leases.
+/// `status.lua`'s reply: live sessions, the upstream of each listed lease, and other instances'
+/// reports of unlisted leases.
+type LiveReply = (u64, Vec<String>, Vec<String>);
+
+/// Fields asked for per HSCAN/ZSCAN call: each call holds Redis a fraction of a millisecond.
+const SCAN_COUNT: usize = 1000;
+/// Calls one scan may take (a hundred million fields): a cursor that never comes back to 0 is a
+/// broken server, not a big pool.
+const SCAN_CALLS_MAX: usize = 100_000;
+
+impl Inner {
+    /// A hash's or sorted set's field/value pairs, flat, read `SCAN_COUNT` at a time. A field
+    /// changed while the scan runs may be seen twice (the caller keeps one) or in either state.
+    async fn scan(&self, verb: &str, key: &str) -> Result<Vec<String>, Fault> {
+        let mut out = Vec::new();
+        let mut cursor = 0u64;
+        for _ in 0..SCAN_CALLS_MAX {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(key).arg(cursor).arg("COUNT").arg(SCAN_COUNT);
+            let (next, items): (u64, Vec<String>) = self.query(&cmd).await?;
+            out.extend(items);
+            if next == 0 {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+        Err(Fault::Broken(format!("{verb} did not finish")))
+    }
+}
+
+/// The snapshot: live sessions, states, scores, the upstream of each listed lease, statistics,
+/// and other instances' reports of unlisted leases.
 type StatusReply = (
     u64,
     Vec<String>,
