@@ -581,6 +581,24 @@ async fn a_dead_session_upstream_gets_the_reply_of_its_failure() {
     assert_eq!(ups[1 - bound].connects(), 1);
 }
 
+/// An upstream proxy that answers CONNECT `502` (it could not reach the target) gives reply `04`
+/// host unreachable, for a bound session and, once every upstream said so, for any client.
+#[tokio::test]
+async fn an_upstream_that_cannot_reach_the_target_gives_04() {
+    let origin = Origin::start(OriginBehaviour::fixed("ok")).await;
+    let up = FakeProxy::start(FakeProxyOpts::default()).await;
+    let gw = gateway(&[&up], origin.port(), true, "").await;
+    let creds = Some(("user-session-h1", "pw"));
+    let (code, s) = request(gw.socks(), creds, &connect_v4(origin.port())).await;
+    assert_eq!(code, 0);
+    assert!(get_over(s, &origin, "/").await.ends_with("ok"));
+    up.set_mode(common::ProxyMode::Fail502).await;
+    let (code, _) = request(gw.socks(), creds, &connect_v4(origin.port())).await;
+    assert_eq!(code, 4, "host unreachable, for the bound session");
+    let (code, _) = request(gw.socks(), Some(("user", "pw")), &connect_v4(origin.port())).await;
+    assert_eq!(code, 4, "host unreachable, without a session");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_share_a_cap_for_socks_and_http_clients() {
     let redis = RedisServer::start().await;
