@@ -4,7 +4,7 @@
 # one table (every figure with its ratio to the ceiling, then poolgate ÷ each peer) that it also
 # writes to bench/out/results-<timestamp>.json.
 #
-#   bench/run.sh            # full run, about 5 minutes after the build
+#   bench/run.sh            # full run, about 15 minutes after the build (7 columns)
 #   bench/run.sh --quick    # shorter measurements, for a smoke run
 #   bench/run.sh --runs 3   # repeat everything three times and report medians
 #
@@ -45,7 +45,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 
 usage() {
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
   cat <<'EOF'
 
 Options:
