@@ -4,7 +4,7 @@
 # one table (every figure with its ratio to the ceiling, then poolgate ÷ each peer) that it also
 # writes to bench/out/results-<timestamp>.json.
 #
-#   bench/run.sh            # full run, about 15 minutes after the build (7 columns)
+#   bench/run.sh            # full run, about 6 minutes after the build (7 columns)
 #   bench/run.sh --quick    # shorter measurements, for a smoke run
 #   bench/run.sh --runs 3   # repeat everything three times and report medians
 #
@@ -400,6 +400,7 @@ CONFIG proxy.config.hostdb.host_file.path STRING $dir/etc/hosts
 CONFIG proxy.config.log.logging_enabled INT 0
 CONFIG proxy.config.net.connections_throttle INT $throttle
 CONFIG proxy.config.net.max_connections_in INT $throttle
+CONFIG proxy.config.net.max_connections_active_in INT $throttle
 ATS_RECORDS
       if ! TS_RUNROOT=$dir timeout 60 "$ats_bin" -C verify_config >"$dir/verify.log" 2>&1; then
         note ats "skipped: traffic_server -C verify_config rejected the generated config: $(grep -iE 'error|fail' "$dir/verify.log" | head -n 1)"
@@ -718,6 +719,12 @@ declare -A pid_of addr_of admin_of socks_of
 use() { proxy_pid=${pid_of[$1]} proxy_addr=${addr_of[$1]} proxy_admin=${admin_of[$1]:-} proxy_socks=${socks_of[$1]:-}; }
 # A column that was skipped once (the Redis store not built yet) is not retried.
 skipped() { grep -q "^note	$1	skipped" "$raw"; }
+# What a peer's column is, said once under the table when it runs.
+declare -A peer_note=(
+  [ats]="parents = the 8 fake upstreams, round_robin=strict, go_direct=false, no cache; asked for the origin as localhost:PORT (it sends requests for the host 127.0.0.1 direct)"
+  [tinyproxy]="one upstream rule: a single fake upstream, no pooling (tinyproxy takes one upstream per matching rule); it closes the client connection after each response, which wrk counts as a read error"
+  [dante]="no upstreams, no pooling: danted connects straight to the origin; SOCKS5 rows only"
+)
 # applies COLUMN MEASURE: Dante, a SOCKS5 server only, takes the SOCKS5 measures alone.
 applies() { [ "$1" != dante ] || [ "$2" = socks ]; }
 
@@ -733,6 +740,7 @@ for run in $(seq "$runs"); do
     pid_of[$column]=$proxy_pid addr_of[$column]=$proxy_addr admin_of[$column]=$proxy_admin
     socks_of[$column]=$proxy_socks
     live+=("$column")
+    [ "$run" != 1 ] || [ -z "${peer_note[$column]:-}" ] || note "$column" "${peer_note[$column]}"
   done
   for measure in http connect bulk short many socks; do
     for column in "${live[@]}"; do
