@@ -377,8 +377,9 @@ start_proxy() {
       # address, and every client here is 127.0.0.1, so one parent would take everything.
       echo "dest_domain=. parent=\"$(IFS=';'; echo "${upstreams[*]}")\" round_robin=strict go_direct=false" \
         >"$dir/etc/parent.config"
+      # Its connection limit counts both sides of a tunnel; it wants 192 descriptors for itself.
       local throttle=30000
-      [ "$fds" = unlimited ] || throttle=$((fds - 1000))
+      [ "$fds" = unlimited ] || throttle=$((fds - 256))
       # self_detect 0: the parents are on this machine's own address, which Traffic Server would
       # otherwise mark down as itself. uncacheable_requests_bypass_parent 0: with the cache off
       # every request is uncacheable, and would go direct.
@@ -400,7 +401,6 @@ CONFIG proxy.config.hostdb.host_file.path STRING $dir/etc/hosts
 CONFIG proxy.config.log.logging_enabled INT 0
 CONFIG proxy.config.net.connections_throttle INT $throttle
 CONFIG proxy.config.net.max_connections_in INT $throttle
-CONFIG proxy.config.net.max_connections_active_in INT $throttle
 ATS_RECORDS
       if ! TS_RUNROOT=$dir timeout 60 "$ats_bin" -C verify_config >"$dir/verify.log" 2>&1; then
         note ats "skipped: traffic_server -C verify_config rejected the generated config: $(grep -iE 'error|fail' "$dir/verify.log" | head -n 1)"
