@@ -7,7 +7,11 @@ install_packages() {
   log "installing: $*"
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  timeout 300 $sudo apt-get update -qq
+  # The package lists once per script, however many installs follow.
+  if [ -z "${apt_updated:-}" ]; then
+    timeout 300 $sudo apt-get update -qq
+    apt_updated=1
+  fi
   DEBIAN_FRONTEND=noninteractive timeout 600 $sudo apt-get install -y -qq "$@" >/dev/null
 }
 

@@ -10,8 +10,11 @@
 //!   only and answer 403 to anything else.
 //! - `connect-load`: CONNECT setups per second through a proxy (new connection, CONNECT, one
 //!   request through the tunnel, close), N at a time; with `--socks`, SOCKS5 setups (greeting
-//!   without authentication and a CONNECT request instead of HTTP CONNECT).
-//! - `bulk`: MB/s through one tunnel to the raw TCP source (`--socks`: a SOCKS5 tunnel).
+//!   without authentication and a CONNECT request instead of HTTP CONNECT). `connect-load`,
+//!   `bulk` and `idle-tunnels` take `--target-host NAME` to write the target as NAME:PORT in
+//!   CONNECT (Traffic Server sends every request for 127.0.0.1 direct, never to a parent).
+//! - `bulk`: MB/s through one tunnel to the raw TCP source (`--socks`: a SOCKS5 tunnel;
+//!   `--tunnels N`: N tunnels at once, their sum).
 //! - `idle-tunnels`: opens N tunnels through a proxy to the raw TCP source and holds them.
 //! - `free-ports`: prints loopback ports that were free a moment ago.
 //! - `report`: turns the raw measurements of `bench/run.sh` into the table and the JSON file.
@@ -106,8 +109,10 @@ enum Command {
         /// `--proxy` is a SOCKS5 port: open tunnels with SOCKS5 instead of HTTP CONNECT.
         #[arg(long)]
         socks: bool,
+        #[command(flatten)]
+        name: TargetName,
     },
-    /// MB/s through one tunnel to the raw TCP source.
+    /// MB/s through one tunnel (or several at once) to the raw TCP source.
     Bulk {
         #[arg(long)]
         proxy: SocketAddr,
@@ -122,6 +127,11 @@ enum Command {
         /// `--proxy` is a SOCKS5 port: open the tunnel with SOCKS5 instead of HTTP CONNECT.
         #[arg(long)]
         socks: bool,
+        /// Tunnels streaming at once; the figure is their sum.
+        #[arg(long, default_value_t = 1)]
+        tunnels: usize,
+        #[command(flatten)]
+        name: TargetName,
     },
     /// Opens idle tunnels to the raw TCP source, prints how many, then holds them.
     IdleTunnels {
@@ -141,6 +151,8 @@ enum Command {
         /// Hold the tunnels this long, then exit.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
         hold: Duration,
+        #[command(flatten)]
+        name: TargetName,
     },
     /// Prints COUNT distinct loopback ports that were free when asked.
     FreePorts {
@@ -162,6 +174,23 @@ enum Command {
         #[arg(long)]
         criterion: Option<PathBuf>,
     },
+}
+
+/// How the target is written in an HTTP CONNECT request.
+#[derive(clap::Args)]
+struct TargetName {
+    /// Host name to write in CONNECT instead of the target's IP address (`localhost` for a proxy
+    /// that sends every request for 127.0.0.1 direct, as Traffic Server does with its parents);
+    /// the port stays the target's. SOCKS5 requests always carry the address.
+    #[arg(long)]
+    target_host: Option<String>,
+}
+
+impl TargetName {
+    /// The name, kept for the life of the process so that `Door` stays `Copy`.
+    fn leak(self) -> Option<&'static str> {
+        self.target_host.map(|h| &*Box::leak(h.into_boxed_str()))
+    }
 }
 
 fn main() -> Result<(), BoxError> {
@@ -194,14 +223,23 @@ fn main() -> Result<(), BoxError> {
                     concurrency,
                     duration,
                     socks,
-                } => connect_load(Door::of(proxy, socks), target, concurrency, duration).await,
+                    name,
+                } => {
+                    let door = Door::of(proxy, socks, name.leak());
+                    connect_load(door, target, concurrency, duration).await
+                }
                 Command::Bulk {
                     proxy,
                     target,
                     duration,
                     warmup,
                     socks,
-                } => bulk(Door::of(proxy, socks), target, duration, warmup).await,
+                    tunnels,
+                    name,
+                } => {
+                    let door = Door::of(proxy, socks, name.leak());
+                    bulk(door, target, duration, warmup, tunnels).await
+                }
                 Command::IdleTunnels {
                     proxy,
                     target,
@@ -209,7 +247,11 @@ fn main() -> Result<(), BoxError> {
                     concurrency,
                     open_timeout,
                     hold,
-                } => idle_tunnels(proxy, target, count, concurrency, open_timeout, hold).await,
+                    name,
+                } => {
+                    let door = Door::of(proxy, false, name.leak());
+                    idle_tunnels(door, target, count, concurrency, open_timeout, hold).await
+                }
                 Command::FreePorts { .. } | Command::Report { .. } => Ok(()),
             }
         };
@@ -453,18 +495,18 @@ async fn read_response_head(
 /// A proxy and how tunnels are asked of it.
 #[derive(Clone, Copy)]
 enum Door {
-    /// HTTP CONNECT.
-    Http(SocketAddr),
+    /// HTTP CONNECT, the target written as its address or as the name given.
+    Http(SocketAddr, Option<&'static str>),
     /// SOCKS5 CONNECT, no authentication.
     Socks5(SocketAddr),
 }
 
 impl Door {
-    fn of(proxy: SocketAddr, socks: bool) -> Door {
+    fn of(proxy: SocketAddr, socks: bool, target_host: Option<&'static str>) -> Door {
         if socks {
             Door::Socks5(proxy)
         } else {
-            Door::Http(proxy)
+            Door::Http(proxy, target_host)
         }
     }
 }
@@ -473,7 +515,7 @@ impl Door {
 /// after the proxy's answer.
 async fn open_tunnel(door: Door, target: SocketAddr) -> Result<(TcpStream, Vec<u8>), BoxError> {
     match door {
-        Door::Http(proxy) => open_http_tunnel(proxy, target).await,
+        Door::Http(proxy, host) => open_http_tunnel(proxy, target, host).await,
         Door::Socks5(proxy) => Ok((open_socks_tunnel(proxy, target).await?, Vec::new())),
     }
 }
@@ -519,10 +561,15 @@ async fn open_socks_tunnel(proxy: SocketAddr, target: SocketAddr) -> Result<TcpS
 async fn open_http_tunnel(
     proxy: SocketAddr,
     target: SocketAddr,
+    host: Option<&str>,
 ) -> Result<(TcpStream, Vec<u8>), BoxError> {
     let mut s = TcpStream::connect(proxy).await?;
     s.set_nodelay(true)?;
-    let connect = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    let authority = match host {
+        Some(h) => format!("{h}:{}", target.port()),
+        None => target.to_string(),
+    };
+    let connect = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
     s.write_all(connect.as_bytes()).await?;
     let mut buf = Vec::with_capacity(1024);
     let (status, head, _) = read_response_head(&mut s, &mut buf).await?;
@@ -635,41 +682,62 @@ fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
     sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
 }
 
+/// MB/s through `tunnels` tunnels streaming at once (one by default): all are opened first, then
+/// each reads and discards through the same warm-up, and the bytes each reads in the same window
+/// after it are summed.
 async fn bulk(
     door: Door,
     target: SocketAddr,
     duration: Duration,
     warmup: Duration,
+    tunnels: usize,
 ) -> Result<(), BoxError> {
-    let (mut s, _) = timeout(STEP_TIMEOUT, open_tunnel(door, target)).await??;
-    s.write_all(b"S").await?;
-    let mut buf = vec![0u8; 256 * 1024];
-    let warm_until = Instant::now() + warmup;
-    while Instant::now() < warm_until {
-        if timeout(STEP_TIMEOUT, s.read(&mut buf)).await?? == 0 {
-            return Err("tunnel closed during warm-up".into());
-        }
+    let mut streams = Vec::with_capacity(tunnels.max(1));
+    for _ in 0..tunnels.max(1) {
+        let (mut s, _) = timeout(STEP_TIMEOUT, open_tunnel(door, target)).await??;
+        s.write_all(b"S").await?;
+        streams.push(s);
     }
-    let start = Instant::now();
+    let warm_until = Instant::now() + warmup;
+    let start = warm_until;
     let end = start + duration;
+    let mut set = JoinSet::new();
+    for mut s in streams {
+        set.spawn(async move {
+            let mut buf = vec![0u8; 256 * 1024];
+            while Instant::now() < warm_until {
+                if timeout(STEP_TIMEOUT, s.read(&mut buf)).await?? == 0 {
+                    return Err::<u64, BoxError>("tunnel closed during warm-up".into());
+                }
+            }
+            let mut bytes: u64 = 0;
+            while Instant::now() < end {
+                let n = timeout(STEP_TIMEOUT, s.read(&mut buf)).await??;
+                if n == 0 {
+                    return Err("tunnel closed during the measurement".into());
+                }
+                bytes += n as u64;
+            }
+            Ok(bytes)
+        });
+    }
     let mut bytes: u64 = 0;
-    while Instant::now() < end {
-        let n = timeout(STEP_TIMEOUT, s.read(&mut buf)).await??;
-        if n == 0 {
-            return Err("tunnel closed during the measurement".into());
-        }
-        bytes += n as u64;
+    while let Some(r) = set.join_next().await {
+        bytes += r??;
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
         "{}",
-        json!({ "bytes": bytes, "seconds": secs, "mb_per_s": bytes as f64 / 1e6 / secs })
+        json!({
+            "tunnels": tunnels.max(1), "bytes": bytes, "seconds": secs,
+            "mb_per_s": bytes as f64 / 1e6 / secs,
+        })
     );
     Ok(())
 }
 
 async fn idle_tunnels(
-    proxy: SocketAddr,
+    door: Door,
     target: SocketAddr,
     count: usize,
     concurrency: usize,
@@ -683,7 +751,7 @@ async fn idle_tunnels(
         for _ in 0..count {
             let permit = permits.clone().acquire_owned().await?;
             set.spawn(async move {
-                let r = timeout(STEP_TIMEOUT, open_tunnel(Door::Http(proxy), target)).await;
+                let r = timeout(STEP_TIMEOUT, open_tunnel(door, target)).await;
                 drop(permit);
                 match r {
                     Ok(Ok((s, _))) => Ok(s),
@@ -737,19 +805,25 @@ fn free_ports(count: usize) -> Result<(), BoxError> {
 // ---------------------------------------------------------------------------
 
 /// The columns: what is measured, in order. `direct` is the ceiling every ratio refers to.
-const TARGETS: [(&str, &str); 4] = [
+const TARGETS: [(&str, &str); 7] = [
     ("direct", "direct"),
     ("squid", "squid"),
+    ("ats", "trafficserver"),
+    ("tinyproxy", "tinyproxy"),
+    ("dante", "dante"),
     ("memory", "poolgate-memory"),
     ("redis", "poolgate-redis"),
 ];
+
+/// The other proxies poolgate is set against, each with a ratio poolgate ÷ peer per measure.
+const PEERS: [&str; 4] = ["squid", "ats", "tinyproxy", "dante"];
 
 /// The rows: (key, label, unit, higher is better).
 ///
 /// The CPU rows are the proxy process's own CPU (user + system) per request or setup: a cost that
 /// moves far less with the machine's load than a rate does, and that, against `direct` (the bare
 /// fake proxy), says what the proxy adds. The Redis store's server is its own row.
-const MEASURES: [(&str, &str, &str, bool); 18] = [
+const MEASURES: [(&str, &str, &str, bool); 20] = [
     ("http_rps", "HTTP", "req/s", true),
     (
         "http_filtered_rps",
@@ -770,7 +844,9 @@ const MEASURES: [(&str, &str, &str, bool); 18] = [
     ("connect_per_s", "CONNECT setups", "/s", true),
     ("connect_p99_ms", "CONNECT setup p99", "ms", false),
     ("connect_cpu_us", "proxy CPU per CONNECT setup", "µs", false),
-    ("tunnel_mb_s", "tunnel bulk", "MB/s", true),
+    ("tunnel_mb_s", "tunnel bulk, one tunnel", "MB/s", true),
+    ("tunnel_short_mb_s", "tunnel bulk, one, short", "MB/s", true),
+    ("tunnels_mb_s", "tunnel bulk, many tunnels", "MB/s", true),
     ("socks_connect_per_s", "SOCKS5 setups", "/s", true),
     ("socks_connect_p99_ms", "SOCKS5 setup p99", "ms", false),
     ("socks_tunnel_mb_s", "SOCKS5 tunnel bulk", "MB/s", true),
@@ -1004,7 +1080,7 @@ fn report(
 
     let mut table = String::new();
     let label_w = 36;
-    let col_w = 22;
+    let col_w = 18;
     let _ = write!(table, "{:<label_w$}", "measure");
     for (_, name) in TARGETS {
         let _ = write!(table, "{name:>col_w$}");
@@ -1073,6 +1149,49 @@ fn report(
             let _ = writeln!(note_text, "  {t}: {n}");
         }
     }
+    // poolgate ÷ each peer, paired within runs like every other ratio, on the same measure (a
+    // SOCKS5 row against the peer's SOCKS5 row).
+    let over = |t: &str, peer: &str, m: &str| paired_ratio(series(t, m)?, series(peer, m)?);
+    let mut versus = format!(
+        "\npoolgate ÷ peer, memory store / Redis store (within each run; above 1 is poolgate \
+         ahead on a rate, below 1 on a time, CPU or memory):\n{:<label_w$}",
+        "measure"
+    );
+    let name_of = |t: &'static str| TARGETS.iter().find(|(k, _)| *k == t).map_or(t, |(_, n)| *n);
+    for peer in PEERS {
+        let _ = write!(versus, "{:>col_w$}", format!("÷ {}", name_of(peer)));
+    }
+    versus.push('\n');
+    for (key, label, unit, _) in MEASURES {
+        // A count of errors divides to nothing useful.
+        if key == "http_errors" {
+            continue;
+        }
+        let cells: Vec<String> = PEERS
+            .iter()
+            .map(|peer| {
+                let f = |t| over(t, peer, key).map_or("—".to_string(), |r| format!("{r:.2}"));
+                match (over("memory", peer, key), over("redis", peer, key)) {
+                    (None, None) => "—".to_string(),
+                    _ => format!("{} / {}", f("memory"), f("redis")),
+                }
+            })
+            .collect();
+        if cells.iter().all(|c| c == "—") {
+            continue;
+        }
+        let label = if unit.is_empty() {
+            label.to_string()
+        } else {
+            format!("{label} ({unit})")
+        };
+        let _ = write!(versus, "{label:<label_w$}");
+        for c in cells {
+            let _ = write!(versus, "{c:>col_w$}");
+        }
+        versus.push('\n');
+    }
+    table.push_str(&versus);
     print!("{table}{goal_text}{note_text}");
 
     let mut results = serde_json::Map::new();
@@ -1086,6 +1205,10 @@ fn report(
                         "median": v,
                         "runs": series(t, key).map(|v| v.values().collect::<Vec<_>>()),
                         "ratio_to_direct": ratio(t, key),
+                        "poolgate_memory_over_this": PEERS.contains(&t)
+                            .then(|| over("memory", t, key)).flatten(),
+                        "poolgate_redis_over_this": PEERS.contains(&t)
+                            .then(|| over("redis", t, key)).flatten(),
                         "unit": unit,
                         "higher_is_better": higher,
                     }),
@@ -1157,6 +1280,40 @@ mod tests {
         // Per run 0.7, 0.6 and 0.5: the median is 0.6 (the medians' ratio would be 45 / 90).
         let ratio = memory["ratio_to_direct"].as_f64().unwrap();
         assert!((ratio - 0.6).abs() < 1e-9, "{ratio}");
+    }
+
+    #[test]
+    fn poolgate_is_divided_by_each_peer_on_the_same_measure_within_runs() {
+        let dir = std::env::temp_dir().join(format!("bench-peers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let raw = dir.join("raw.tsv");
+        std::fs::write(
+            &raw,
+            "1\tdirect\thttp_rps\t100\n1\tsquid\thttp_rps\t20\n1\tats\thttp_rps\t50\n\
+             1\tmemory\thttp_rps\t60\n2\tdirect\thttp_rps\t50\n2\tsquid\thttp_rps\t10\n\
+             2\tats\thttp_rps\t40\n2\tmemory\thttp_rps\t30\n\
+             1\tdante\tsocks_tunnel_mb_s\t500\n1\tmemory\tsocks_tunnel_mb_s\t400\n\
+             1\tdirect\ttunnel_mb_s\t1000\n",
+        )
+        .unwrap();
+        let out = dir.join("out.json");
+        report(&raw, &out, &[], None).unwrap();
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let over = |peer: &str, m: &str| {
+            doc["results"][peer][m]["poolgate_memory_over_this"]
+                .as_f64()
+                .unwrap()
+        };
+        // Per run 3.0 and 3.0 against Squid; 1.2 and 0.75 against Traffic Server.
+        assert!((over("squid", "http_rps") - 3.0).abs() < 1e-9);
+        assert!((over("trafficserver", "http_rps") - 0.975).abs() < 1e-9);
+        // Dante's SOCKS5 row against poolgate's SOCKS5 row; its ratio to direct against CONNECT.
+        assert!((over("dante", "socks_tunnel_mb_s") - 0.8).abs() < 1e-9);
+        let dante = &doc["results"]["dante"]["socks_tunnel_mb_s"]["ratio_to_direct"];
+        assert!((dante.as_f64().unwrap() - 0.5).abs() < 1e-9);
+        assert!(doc["results"]["squid"]["http_rps"]["poolgate_redis_over_this"].is_null());
+        assert!(doc["table"].as_str().unwrap().contains("÷ trafficserver"));
     }
 
     #[test]
