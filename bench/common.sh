@@ -16,16 +16,20 @@ install_packages() {
 }
 
 # build_release: builds the poolgate binary (release) and the bench_fixture example (the
-# `fixture` profile, see Cargo.toml) and sets `target_dir`, `poolgate` (POOLGATE_BIN when given)
-# and `fixture`.
+# `fixture` profile, see Cargo.toml) and sets `target_dir`, `poolgate` (POOLGATE_BIN when given,
+# which is then not built) and `fixture`.
 #
 # Two invocations on purpose: building the example pulls in the dev-dependencies, and cargo
 # unifies their features (tokio "full" and "test-util") into everything built in the same
 # invocation. The binary measured must be the one users run.
 build_release() {
   target_dir=${CARGO_TARGET_DIR:-$root/target}
-  log "building poolgate (release) and bench_fixture (fixture profile)"
-  timeout 1800 cargo build --release --quiet --bin poolgate
+  if [ -z "${POOLGATE_BIN:-}" ]; then
+    log "building poolgate (release) and bench_fixture (fixture profile)"
+    timeout 1800 cargo build --release --quiet --bin poolgate
+  else
+    log "measuring $POOLGATE_BIN; building bench_fixture (fixture profile)"
+  fi
   timeout 1800 cargo build --profile fixture --quiet --example bench_fixture
   poolgate=${POOLGATE_BIN:-$target_dir/release/poolgate}
   fixture=$target_dir/fixture/examples/bench_fixture

@@ -148,7 +148,7 @@ impl Metrics {
                         .set(n as i64);
                 }
             }
-            for row in &p.matrix {
+            for row in p.matrix.iter().filter(|_| p.per_upstream) {
                 for cell in &row.cells {
                     let labels = TargetLabels {
                         pool: p.name.clone(),
@@ -461,7 +461,7 @@ fn status_families(s: &Status) -> Vec<StatusFamily> {
                 quarantines.push((labels(), h.quarantines_total));
             }
         }
-        for row in &p.matrix {
+        for row in p.matrix.iter().filter(|_| p.per_upstream) {
             for cell in &row.cells {
                 for (result, n) in [
                     ("ok", cell.counts.ok),
