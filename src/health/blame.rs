@@ -19,7 +19,7 @@
 //! 5xx are its own: they are *singled out* and count as its faults (see [`SINGLED_OUT_SHARE`]).
 //!
 //! Memory is bounded: at most `max_targets` targets are tracked, the least recently
-//! seen forgotten first.
+//! seen forgotten first (found in constant time, see [`super::recency`]).
 
 use std::collections::HashMap;
 
@@ -28,6 +28,7 @@ use tokio::time::Instant;
 
 use crate::config::HealthConfig;
 use crate::fast_map::FastMap;
+use crate::health::recency::Recency;
 use crate::health::state::Sample;
 use crate::upstream::UpstreamId;
 
@@ -163,6 +164,8 @@ pub struct Recorded {
 #[derive(Debug)]
 struct TargetStats {
     last_seen: Instant,
+    /// Its place in [`Targets::recency`].
+    slot: u32,
     cells: FastMap<UpstreamId, Cell>,
     incident_since: Option<Instant>,
     /// Upstreams this target's bans degraded or quarantined, with when: what an incident on the
@@ -198,6 +201,8 @@ pub struct TargetRow {
 #[derive(Debug, Default)]
 pub struct Targets {
     by_target: HashMap<String, TargetStats>,
+    /// The targets by when they were last seen: who is forgotten when a new one comes.
+    recency: Recency,
 }
 
 impl Targets {
@@ -226,15 +231,18 @@ impl Targets {
     ) -> Recorded {
         // One lookup for a target seen before (nearly every sample); a new one costs three.
         let stats = match self.by_target.get_mut(target) {
-            Some(stats) => stats,
+            Some(stats) => {
+                self.recency.touch(stats.slot);
+                stats
+            }
             None => {
-                if self.by_target.len() >= cfg.max_targets {
-                    self.evict_oldest();
-                }
+                while self.by_target.len() >= cfg.max_targets && self.evict_oldest() {}
+                let slot = self.recency.push(target);
                 self.by_target
                     .entry(target.to_string())
                     .or_insert_with(|| TargetStats {
                         last_seen: now,
+                        slot,
                         cells: FastMap::default(),
                         incident_since: None,
                         blamed: Vec::new(),
@@ -341,15 +349,14 @@ impl Targets {
             .is_some_and(|t| t.incident_since.is_some())
     }
 
-    fn evict_oldest(&mut self) {
-        if let Some(oldest) = self
-            .by_target
-            .iter()
-            .min_by_key(|(_, t)| t.last_seen)
-            .map(|(k, _)| k.clone())
-        {
-            self.by_target.remove(&oldest);
-        }
+    /// Forgets the least recently seen target; false when there is none.
+    fn evict_oldest(&mut self) -> bool {
+        let Some((slot, _)) = self.recency.oldest() else {
+            return false;
+        };
+        let name = self.recency.remove(slot);
+        self.by_target.remove(&*name);
+        true
     }
 
     /// Forgets targets not seen for `idle`, and stops counting failures older than the incident
@@ -361,8 +368,14 @@ impl Targets {
         idle: std::time::Duration,
         now: Instant,
     ) -> Vec<String> {
-        self.by_target
-            .retain(|_, t| now.duration_since(t.last_seen) < idle);
+        let recency = &mut self.recency;
+        self.by_target.retain(|_, t| {
+            let keep = now.duration_since(t.last_seen) < idle;
+            if !keep {
+                recency.remove(t.slot);
+            }
+            keep
+        });
         let mut ended = Vec::new();
         for (name, t) in self.by_target.iter_mut() {
             for c in t.cells.values_mut() {
@@ -713,5 +726,50 @@ mod tests {
         }
         assert_eq!(t.len(), 50);
         assert_eq!(t.busiest(100).len(), 50);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_least_recently_seen_target_is_forgotten_first() {
+        let cfg = HealthConfig {
+            max_targets: 3,
+            ..HealthConfig::default()
+        };
+        let mut t = Targets::default();
+        let u = UpstreamId::new("u");
+        let see = |t: &mut Targets, name: &str| {
+            t.record(
+                &cfg,
+                name,
+                &u,
+                Sample::Ban,
+                true,
+                Answer::Unanswered,
+                1,
+                Instant::now(),
+            );
+        };
+        for name in ["a", "b", "c", "a", "d"] {
+            see(&mut t, name);
+        }
+        // b was the least recently seen when d came.
+        let mut kept: Vec<String> = t.busiest(10).into_iter().map(|r| r.target).collect();
+        kept.sort();
+        assert_eq!(kept, ["a", "c", "d"]);
+        see(&mut t, "c");
+        see(&mut t, "e");
+        let mut kept: Vec<String> = t.busiest(10).into_iter().map(|r| r.target).collect();
+        kept.sort();
+        assert_eq!(kept, ["c", "d", "e"]);
+        // Forgetting for idleness keeps the order of the rest.
+        tokio::time::advance(TARGET_IDLE).await;
+        see(&mut t, "f");
+        t.expire(&cfg, TARGET_IDLE, Instant::now());
+        assert_eq!(t.len(), 1);
+        see(&mut t, "g");
+        see(&mut t, "h");
+        see(&mut t, "i");
+        let mut kept: Vec<String> = t.busiest(10).into_iter().map(|r| r.target).collect();
+        kept.sort();
+        assert_eq!(kept, ["g", "h", "i"]);
     }
 }

@@ -10,6 +10,7 @@ pub mod classify;
 pub mod engine;
 pub mod exit;
 mod latency;
+mod recency;
 pub mod state;
 pub mod view;
 

@@ -5,6 +5,7 @@
 //! and session expiry with a paused clock. The decisions themselves are `pool_state.rs`'s.
 
 mod pool_state;
+mod sessions;
 mod subset;
 
 use std::collections::HashMap;
@@ -236,7 +237,7 @@ impl Store for MemoryStore {
 
     async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
         let entry = self.entry(pool)?;
-        lock(&entry).unbind(key, upstream);
+        lock(&entry).unbind(key, upstream, Instant::now());
         Ok(())
     }
 

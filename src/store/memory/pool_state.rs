@@ -15,11 +15,9 @@ use crate::store::{
     Acquired, Grant, LeaseId, MemberState, PoolSpec, PoolStatus, Subset, Want, member_status,
 };
 
+use super::sessions::Sessions;
 use super::subset::{MAX_SUBSETS, SubsetIndex};
 use crate::upstream::UpstreamId;
-
-/// How often expired session bindings are swept out, at most.
-const SESSION_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// One pool's state, behind its pool's mutex.
 pub(super) struct PoolState {
@@ -35,11 +33,10 @@ pub(super) struct PoolState {
     /// ones it holds) and the earliest deadline is found without scanning the pool.
     deadlines: BTreeMap<(Instant, u64), UpstreamId>,
     rr_next: usize,
-    sessions: HashMap<String, Binding>,
+    sessions: Sessions,
     /// The label filters requests asked for, by subset id.
     subsets: HashMap<String, SubsetIndex>,
     next_lease: u64,
-    last_sweep: Instant,
 }
 
 struct Member {
@@ -73,11 +70,6 @@ impl Default for Member {
             latency_count: 0,
         }
     }
-}
-
-struct Binding {
-    upstream: UpstreamId,
-    expires: Instant,
 }
 
 impl Member {
@@ -294,12 +286,8 @@ impl PoolState {
         within: Option<&str>,
         now: Instant,
     ) -> Acquired {
-        self.sweep_sessions(now);
-        let bound = self
-            .sessions
-            .get(key)
-            .filter(|b| b.expires > now)
-            .map(|b| b.upstream.clone());
+        self.sessions.sweep(now);
+        let bound = self.sessions.live(key, now).cloned();
         if let Some(up) = bound {
             // A member whose labels no longer match left the filter: as if it left the pool.
             let matches = within
@@ -309,15 +297,13 @@ impl PoolState {
                 if self.at_cap(&up) {
                     return Acquired::AtCapacity;
                 }
-                if let Some(b) = self.sessions.get_mut(key) {
-                    b.expires = now + ttl;
-                }
+                self.sessions.refresh(key, now + ttl);
                 return self.grant(&up, now, false);
             }
             if !rebind {
                 return Acquired::SessionUnavailable(up);
             }
-            self.sessions.remove(key);
+            self.sessions.remove(key, now);
         }
         // A new binding goes to the first member in service that has room: one at its cap is no
         // candidate (the session would wait for it while others are free).
@@ -327,13 +313,7 @@ impl PoolState {
                 capped = true;
                 continue;
             }
-            self.sessions.insert(
-                key.to_string(),
-                Binding {
-                    upstream: id.clone(),
-                    expires: now + ttl,
-                },
-            );
+            self.sessions.bind(key, id, now + ttl);
             return self.grant(id, now, true);
         }
         if capped {
@@ -354,13 +334,6 @@ impl PoolState {
                 m.allocs = m.allocs.max(floor);
             }
         });
-    }
-
-    fn sweep_sessions(&mut self, now: Instant) {
-        if now.duration_since(self.last_sweep) >= SESSION_SWEEP_INTERVAL {
-            self.sessions.retain(|_, b| b.expires > now);
-            self.last_sweep = now;
-        }
     }
 
     pub(super) fn reconfigure(&mut self, spec: PoolSpec) {
@@ -414,10 +387,9 @@ impl PoolState {
             by_load: BTreeSet::new(),
             deadlines: BTreeMap::new(),
             rr_next: 0,
-            sessions: HashMap::new(),
+            sessions: Sessions::new(now),
             subsets: HashMap::new(),
             next_lease: 1,
-            last_sweep: now,
         };
         state.reconfigure(spec);
         state
@@ -597,33 +569,25 @@ impl PoolState {
 
     /// The upstream a live session is bound to, without sliding its expiry.
     pub(super) fn session_upstream(&self, key: &str, now: Instant) -> Option<UpstreamId> {
-        self.sessions
-            .get(key)
-            .filter(|b| b.expires > now)
-            .map(|b| b.upstream.clone())
+        self.sessions.live(key, now).cloned()
     }
 
     /// Drops the session's binding; true when it was still live.
     pub(super) fn end_session(&mut self, key: &str, now: Instant) -> bool {
-        let removed = self.sessions.remove(key);
-        removed.is_some_and(|b| b.expires > now)
+        self.sessions.remove(key, now)
     }
 
     /// Drops the session's binding only if it still names `upstream`.
-    pub(super) fn unbind(&mut self, key: &str, upstream: &UpstreamId) {
-        if self
-            .sessions
-            .get(key)
-            .is_some_and(|b| &b.upstream == upstream)
-        {
-            self.sessions.remove(key);
+    pub(super) fn unbind(&mut self, key: &str, upstream: &UpstreamId, now: Instant) {
+        if self.sessions.bound(key) == Some(upstream) {
+            self.sessions.remove(key, now);
         }
     }
 
     /// `/status` figures, in the configured member order, after ending the expired leases.
     pub(super) fn status(&mut self, now: Instant) -> PoolStatus {
         self.expire(now);
-        let sessions_live = self.sessions.values().filter(|b| b.expires > now).count() as u64;
+        let sessions_live = self.sessions.count_live(now) as u64;
         let members = self
             .spec
             .members

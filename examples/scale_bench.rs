@@ -1,0 +1,614 @@
+//! Issue #37's scale curves: how the cost of a session binding and of a tracked target grows
+//! with their number.
+//!
+//! ```text
+//! cargo run --profile fixture --example scale_bench -- sessions   # 1k, 100k, 1M bindings
+//! cargo run --profile fixture --example scale_bench -- targets    # 10, 1k, 100k targets
+//! ```
+//!
+//! **sessions**: for each size N, N live bindings are made through the store API (a session
+//! acquire of a new key, then its release), then two bounded samples are timed, each call on
+//! its own: the acquire of an *existing* binding (a lookup; random keys among the N) and the
+//! acquire of a *new* key (a placement; the binding is ended again, untimed, so the size stays
+//! N). Memory per binding is the growth of the process's resident set (`VmRSS`) over the fill
+//! on the embedded store, each size in a fresh child process, and the growth of Redis's
+//! `used_memory` on a `redis-server` this example starts on a free loopback port. Keys are what
+//! the gateway mints (`X-Pool-Session: create`): 32 hex digits, made from the index, so the
+//! benchmark holds no copy of them.
+//!
+//! **targets**: for each count T of distinct target hosts, the pool's health engine is fed
+//! outcomes (`PoolHealth::observe`, what every finished request calls) for targets drawn at
+//! random among the T, with the default `max_targets` (1,000) and with `max_targets` raised
+//! to 100,000; each size in a fresh child process, so the resident-set growth is its own.
+//! The health engine is measured directly rather than through a gateway: the per-target state
+//! lives there, and a gateway's request path would drown its cost in sockets.
+//!
+//! Times are the same process's wall clock around each call on a shared machine: compare
+//! within a run (the ratios to the smallest size), not across runs.
+
+use std::error::Error;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use poolgate::config::{HealthConfig, Strategy};
+use poolgate::health::{Outcome, PoolHealth};
+use poolgate::store::memory::MemoryStore;
+use poolgate::store::redis::{RedisSettings, RedisStore};
+use poolgate::store::{Acquired, AnyStore, PoolSpec, Store, Want};
+use poolgate::upstream::UpstreamId;
+
+// The gateway's allocator (src/main.rs), so that resident memory is what a gateway would hold.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::Server;
+
+const POOL: &str = "bench";
+/// Members of the benchmark's pool.
+const MEMBERS: usize = 64;
+/// Consistent-hash candidates offered with each new session (the gateway offers a few).
+const PREFERRED: usize = 3;
+/// Long enough that no binding expires during a run.
+const SESSION_TTL: Duration = Duration::from_secs(3600);
+const SESSION_SIZES: [usize; 3] = [1_000, 100_000, 1_000_000];
+const TARGET_SIZES: [usize; 3] = [10, 1_000, 100_000];
+/// Timed calls per sample, and the time a sample may take at most.
+const MEMORY_SAMPLE: usize = 20_000;
+const REDIS_SAMPLE: usize = 4_000;
+const SAMPLE_LIMIT: Duration = Duration::from_secs(20);
+/// A fill may take at most this long (1M bindings in Redis take about a minute here).
+const FILL_LIMIT: Duration = Duration::from_secs(240);
+/// Concurrent acquires while filling Redis.
+const REDIS_FILL_TASKS: usize = 64;
+
+fn members() -> Vec<UpstreamId> {
+    (0..MEMBERS)
+        .map(|i| UpstreamId::new(format!("http://10.0.{}.{}:3128", i >> 8, i & 255)))
+        .collect()
+}
+
+fn spec() -> PoolSpec {
+    PoolSpec {
+        name: POOL.into(),
+        members: members(),
+        strategy: Strategy::LeastUsed,
+        max_concurrency: None,
+        lease_ttl: Duration::from_secs(60),
+    }
+}
+
+/// splitmix64: a bijection, so distinct indexes give distinct keys.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Session key number `i`: 32 hex digits, like a key the gateway mints.
+fn key(i: u64) -> String {
+    format!("{:016x}{:016x}", mix(i), mix(i ^ 0x5555_5555_5555_5555))
+}
+
+/// The consistent-hash order's first candidates for key `i` (any spread does here).
+fn preferred(all: &[UpstreamId], i: u64) -> Vec<UpstreamId> {
+    let h = mix(i) as usize;
+    (0..PREFERRED)
+        .map(|k| all[(h + k * 7) % all.len()].clone())
+        .collect()
+}
+
+fn rss_bytes() -> Result<u64, BoxError> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .ok_or("no VmRSS")?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()?;
+    Ok(kb * 1024)
+}
+
+/// Median, 99th percentile and maximum of `samples` (ns), in µs.
+fn quantiles(samples: &mut [u64]) -> (f64, f64, f64) {
+    if samples.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize] as f64 / 1e3;
+    (at(0.5), at(0.99), at(1.0))
+}
+
+/// One session acquire, timed; its lease is released (untimed).
+async fn timed_session(
+    store: &AnyStore,
+    all: &[UpstreamId],
+    i: u64,
+    expect_new: bool,
+) -> Result<u64, BoxError> {
+    let k = key(i);
+    let pref = preferred(all, i);
+    let start = Instant::now();
+    let acquired = store
+        .acquire(
+            POOL,
+            Want::Session {
+                key: &k,
+                ttl: SESSION_TTL,
+                preferred: &pref,
+                rebind: false,
+                within: None,
+            },
+        )
+        .await?;
+    let took = start.elapsed().as_nanos() as u64;
+    let Acquired::Granted(g) = acquired else {
+        return Err(format!("session {i}: {acquired:?}").into());
+    };
+    if g.bound_now != expect_new {
+        return Err(format!("session {i}: bound_now {}", g.bound_now).into());
+    }
+    store.release_now(POOL, &g.upstream, g.lease, Outcome::Ok, Duration::ZERO)?;
+    Ok(took)
+}
+
+/// Binds sessions `from..to`, `tasks` at a time.
+async fn fill(store: &Arc<AnyStore>, from: u64, to: u64, tasks: usize) -> Result<(), BoxError> {
+    let deadline = Instant::now() + FILL_LIMIT;
+    let next = Arc::new(AtomicU64::new(from));
+    let all = Arc::new(members());
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..tasks {
+        let (store, next, all) = (store.clone(), next.clone(), all.clone());
+        set.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= to {
+                    return Ok::<(), BoxError>(());
+                }
+                if Instant::now() > deadline {
+                    return Err("the fill took too long".into());
+                }
+                if i % 256 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                timed_session(&store, &all, i, true).await?;
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(())
+}
+
+/// Figures of one store at one size.
+struct SessionRow {
+    bytes_per_binding: f64,
+    lookup: (f64, f64, f64),
+    place: (f64, f64, f64),
+    /// One lookup timed right after the embedded store's periodic sweep fell due (µs).
+    sweep: Option<f64>,
+}
+
+impl SessionRow {
+    fn line(&self) -> String {
+        format!(
+            "{} {} {} {} {} {} {} {}",
+            self.bytes_per_binding,
+            self.lookup.0,
+            self.lookup.1,
+            self.lookup.2,
+            self.place.0,
+            self.place.1,
+            self.place.2,
+            self.sweep.unwrap_or(f64::NAN),
+        )
+    }
+
+    fn parse(line: &str) -> Result<SessionRow, BoxError> {
+        let v: Vec<f64> = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        if v.len() < 8 {
+            return Err(format!("bad child line {line:?}").into());
+        }
+        Ok(SessionRow {
+            bytes_per_binding: v[0],
+            lookup: (v[1], v[2], v[3]),
+            place: (v[4], v[5], v[6]),
+            sweep: (!v[7].is_nan()).then_some(v[7]),
+        })
+    }
+}
+
+/// Times the lookup and placement samples on a store holding `n` bindings.
+async fn sample(
+    store: &Arc<AnyStore>,
+    n: usize,
+    count: usize,
+) -> Result<((f64, f64, f64), (f64, f64, f64)), BoxError> {
+    let all = members();
+    let mut lookups = Vec::with_capacity(count);
+    let deadline = Instant::now() + SAMPLE_LIMIT;
+    while lookups.len() < count && Instant::now() < deadline {
+        let i = rand::random_range(0..n as u64);
+        lookups.push(timed_session(store, &all, i, false).await?);
+    }
+    let mut places = Vec::with_capacity(count);
+    let deadline = Instant::now() + SAMPLE_LIMIT;
+    // New keys past every bound one; each binding is ended again so the size stays n.
+    let mut i = n as u64 + 1_000_000_000;
+    while places.len() < count && Instant::now() < deadline {
+        places.push(timed_session(store, &all, i, true).await?);
+        store.end_session(POOL, &key(i)).await?;
+        i += 1;
+    }
+    Ok((quantiles(&mut lookups), quantiles(&mut places)))
+}
+
+/// A child process: `n` bindings on a fresh embedded store; prints a [`SessionRow`] line.
+async fn sessions_memory_child(n: usize) -> Result<(), BoxError> {
+    let store = Arc::new(AnyStore::Memory(MemoryStore::new()));
+    store.configure(spec()).await?;
+    // Warm the allocator and the runtime with a few bindings made and ended.
+    let all = members();
+    for i in 0..100 {
+        let j = u64::MAX - i;
+        timed_session(&store, &all, j, true).await?;
+        store.end_session(POOL, &key(j)).await?;
+    }
+    let before = rss_bytes()?;
+    fill(&store, 0, n as u64, 1).await?;
+    let after = rss_bytes()?;
+    let live = store.status(POOL).await?.sessions_live;
+    if live != n as u64 {
+        return Err(format!("{live} sessions live, not {n}").into());
+    }
+    let (lookup, place) = sample(&store, n, MEMORY_SAMPLE).await?;
+    // The embedded store sweeps expired bindings every 5 s, on the next session acquire: wait
+    // until one is due and time that acquire.
+    tokio::time::sleep(Duration::from_millis(5_100)).await;
+    let i = rand::random_range(0..n as u64);
+    let sweep = timed_session(&store, &all, i, false).await? as f64 / 1e3;
+    let row = SessionRow {
+        bytes_per_binding: after.saturating_sub(before) as f64 / n as f64,
+        lookup,
+        place,
+        sweep: Some(sweep),
+    };
+    println!("{}", row.line());
+    Ok(())
+}
+
+fn redis_info(port: u16, field: &str) -> Result<u64, BoxError> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "memory"])
+        .output()?;
+    let text = String::from_utf8(out.stdout)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .ok_or("no such INFO field")?
+        .trim()
+        .parse()
+        .map_err(Into::into)
+}
+
+/// `MEMORY USAGE` of each of `keys` (every element counted), through one `redis-cli`.
+fn memory_usage(port: u16, keys: &[String]) -> Result<Vec<u64>, BoxError> {
+    use std::io::Write;
+    let mut cli = Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    {
+        let mut stdin = cli.stdin.take().ok_or("no stdin")?;
+        for k in keys {
+            writeln!(stdin, "MEMORY USAGE {k} SAMPLES 0")?;
+        }
+    }
+    let out = cli.wait_with_output()?;
+    String::from_utf8(out.stdout)?
+        .lines()
+        .map(|l| l.trim().parse().map_err(Into::into))
+        .collect()
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> Result<String, BoxError> {
+    let out = Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()?;
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+async fn sessions_redis(server: &Server, n: usize) -> Result<SessionRow, BoxError> {
+    redis_cli(server.1, &["FLUSHALL"])?;
+    let store = Arc::new(AnyStore::Redis(RedisStore::new(RedisSettings {
+        url: format!("redis://127.0.0.1:{}", server.1),
+        timeout: Duration::from_secs(5),
+        key_prefix: poolgate::store::redis::DEFAULT_KEY_PREFIX.into(),
+        instance_id: format!("scale-{}", std::process::id()),
+    })?));
+    store.configure(spec()).await?;
+    let all = members();
+    for i in 0..100 {
+        let j = u64::MAX - i;
+        timed_session(&store, &all, j, true).await?;
+        store.end_session(POOL, &key(j)).await?;
+    }
+    if !store.settle(Duration::from_secs(5)).await {
+        return Err("releases did not settle".into());
+    }
+    let before = redis_info(server.1, "used_memory")?;
+    fill(&store, 0, n as u64, REDIS_FILL_TASKS).await?;
+    if !store.settle(Duration::from_secs(10)).await {
+        return Err("releases did not settle".into());
+    }
+    let after = redis_info(server.1, "used_memory")?;
+    let live = store.status(POOL).await?.sessions_live;
+    if live != n as u64 {
+        return Err(format!("{live} sessions live, not {n}").into());
+    }
+    // Where a binding's bytes are: its STRING key (key, value, dict entry; not its entry in the
+    // expires dict) and its entry in the `sessions` ZSET.
+    let prefix = poolgate::store::redis::DEFAULT_KEY_PREFIX;
+    let zset = memory_usage(server.1, &[format!("{prefix}:{{{POOL}}}:sessions")])?;
+    let strings: Vec<String> = (0..200.min(n as u64))
+        .map(|i| format!("{prefix}:{{{POOL}}}:sess:{}", key(i)))
+        .collect();
+    let each = memory_usage(server.1, &strings)?;
+    eprintln!(
+        "redis {n}: MEMORY USAGE: sessions ZSET {:.0} B/binding, a binding's STRING key {:.0} B (mean of {})",
+        zset.iter().sum::<u64>() as f64 / n as f64,
+        each.iter().sum::<u64>() as f64 / each.len().max(1) as f64,
+        each.len()
+    );
+    let (lookup, place) = sample(&store, n, REDIS_SAMPLE).await?;
+    if store.health() != "ok" {
+        return Err("the store went degraded during the run".into());
+    }
+    Ok(SessionRow {
+        bytes_per_binding: after.saturating_sub(before) as f64 / n as f64,
+        lookup,
+        place,
+        sweep: None,
+    })
+}
+
+fn child(args: &[&str]) -> Result<String, BoxError> {
+    let out = Command::new(std::env::current_exe()?)
+        .arg("--child")
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("child {args:?} failed").into());
+    }
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+fn size_name(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+fn print_sessions(store: &str, rows: &[(usize, SessionRow)]) {
+    let Some((_, base)) = rows.first() else {
+        return;
+    };
+    println!(
+        "\n{store}: bindings | bytes/binding | lookup p50 µs (x) | lookup p99 µs (x) | place p50 µs (x) | place p99 µs (x) | lookup max µs{}",
+        if store == "memory" {
+            " | lookup that swept µs"
+        } else {
+            ""
+        }
+    );
+    for (n, r) in rows {
+        let sweep = r.sweep.map_or(String::new(), |s| format!(" | {s:.0}"));
+        println!(
+            "{store}: {} | {:.0} | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.0}{sweep}",
+            size_name(*n),
+            r.bytes_per_binding,
+            r.lookup.0,
+            r.lookup.0 / base.lookup.0,
+            r.lookup.1,
+            r.lookup.1 / base.lookup.1,
+            r.place.0,
+            r.place.0 / base.place.0,
+            r.place.1,
+            r.place.1 / base.place.1,
+            r.lookup.2,
+        );
+    }
+}
+
+async fn sessions(sizes: &[usize], stores: &str) -> Result<(), BoxError> {
+    let started = Instant::now();
+    if stores != "redis" {
+        let mut rows = Vec::new();
+        for &n in sizes {
+            let line = child(&["sessions-memory", &n.to_string()])?;
+            rows.push((n, SessionRow::parse(&line)?));
+        }
+        print_sessions("memory", &rows);
+    }
+    if stores != "memory" {
+        let server = Server::start()?;
+        let mut rows = Vec::new();
+        for &n in sizes {
+            let t = Instant::now();
+            rows.push((n, sessions_redis(&server, n).await?));
+            eprintln!("redis {n}: {:.0?}", t.elapsed());
+        }
+        print_sessions("redis", &rows);
+    }
+    println!("({:.0?} in all)", started.elapsed());
+    Ok(())
+}
+
+/// Figures of the health engine at one target count.
+struct TargetRow {
+    tracked: usize,
+    rss_bytes: f64,
+    observe: (f64, f64, f64),
+    per_second: f64,
+    tick_us: f64,
+}
+
+/// Observations timed per target count, and the time they may take at most.
+const OBSERVE_SAMPLE: usize = 200_000;
+const OBSERVE_LIMIT: Duration = Duration::from_secs(30);
+
+/// A child process: the health engine fed outcomes on `n` distinct targets.
+fn targets_child(n: usize, max_targets: usize) -> Result<(), BoxError> {
+    let all = members();
+    let cfg = HealthConfig {
+        max_targets,
+        ..HealthConfig::default()
+    };
+    let health = PoolHealth::new(POOL, cfg, Strategy::LeastUsed, &all);
+    let names: Vec<String> = (0..n).map(|i| format!("host-{i}.example.com")).collect();
+    let outcome = |r: u64| {
+        if r % 50 == 0 {
+            Outcome::OriginError
+        } else {
+            Outcome::Ok
+        }
+    };
+    let before = rss_bytes()?;
+    // Every target once, then as many again at random: the engine's steady state.
+    let warm = (n * 2).max(10_000);
+    for i in 0..warm {
+        let r = mix(i as u64);
+        let t = if i < n { i } else { r as usize % n };
+        health.observe(
+            &all[(r >> 32) as usize % all.len()],
+            &names[t],
+            outcome(r),
+            Duration::from_millis(20),
+        );
+    }
+    let after = rss_bytes()?;
+    let mut times = Vec::with_capacity(OBSERVE_SAMPLE);
+    let deadline = Instant::now() + OBSERVE_LIMIT;
+    let run = Instant::now();
+    let mut i = warm as u64;
+    while times.len() < OBSERVE_SAMPLE && Instant::now() < deadline {
+        let r = mix(i);
+        i += 1;
+        let t = &names[r as usize % n];
+        let up = &all[(r >> 32) as usize % all.len()];
+        let start = Instant::now();
+        health.observe(up, t, outcome(r), Duration::from_millis(20));
+        times.push(start.elapsed().as_nanos() as u64);
+    }
+    let per_second = times.len() as f64 / run.elapsed().as_secs_f64();
+    let start = Instant::now();
+    health.tick();
+    let tick_us = start.elapsed().as_secs_f64() * 1e6;
+    let tracked = health.view().targets_tracked;
+    let (p50, p99, max) = quantiles(&mut times);
+    // The names' own memory (the caller's, not the engine's) is not subtracted: it was made
+    // before the first measurement.
+    println!(
+        "{tracked} {} {p50} {p99} {max} {per_second} {tick_us}",
+        after.saturating_sub(before)
+    );
+    Ok(())
+}
+
+fn targets(sizes: &[usize]) -> Result<(), BoxError> {
+    let started = Instant::now();
+    for max_targets in [HealthConfig::default().max_targets, 100_000] {
+        let mut rows = Vec::new();
+        for &n in sizes {
+            let line = child(&["targets", &n.to_string(), &max_targets.to_string()])?;
+            let v: Vec<f64> = line
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()?;
+            if v.len() < 7 {
+                return Err(format!("bad child line {line:?}").into());
+            }
+            rows.push((
+                n,
+                TargetRow {
+                    tracked: v[0] as usize,
+                    rss_bytes: v[1],
+                    observe: (v[2], v[3], v[4]),
+                    per_second: v[5],
+                    tick_us: v[6],
+                },
+            ));
+        }
+        let Some((_, base)) = rows.first() else {
+            continue;
+        };
+        println!(
+            "\nmax_targets {max_targets}: targets | tracked | RSS growth KiB | per tracked target B | observe p50 µs (x) | observe p99 µs (x) | observe max µs | observes/s (x) | tick µs"
+        );
+        for (n, r) in &rows {
+            println!(
+                "max_targets {max_targets}: {} | {} | {:.0} | {:.0} | {:.3} ({:.2}x) | {:.3} ({:.2}x) | {:.0} | {:.0} ({:.2}x) | {:.0}",
+                size_name(*n),
+                r.tracked,
+                r.rss_bytes / 1024.0,
+                r.rss_bytes / r.tracked.max(1) as f64,
+                r.observe.0,
+                r.observe.0 / base.observe.0,
+                r.observe.1,
+                r.observe.1 / base.observe.1,
+                r.observe.2,
+                r.per_second,
+                r.per_second / base.per_second,
+                r.tick_us,
+            );
+        }
+    }
+    println!("({:.0?} in all)", started.elapsed());
+    Ok(())
+}
+
+fn parse_sizes(arg: Option<&String>, default: &[usize]) -> Result<Vec<usize>, BoxError> {
+    match arg {
+        None => Ok(default.to_vec()),
+        Some(s) => s
+            .split(',')
+            .map(|n| n.parse().map_err(Into::into))
+            .collect(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
+    match (arg(0), arg(1)) {
+        ("--child", "sessions-memory") => sessions_memory_child(arg(2).parse()?).await,
+        ("--child", "targets") => targets_child(arg(2).parse()?, arg(3).parse()?),
+        // Optional: a comma-separated list of sizes, then `memory` or `redis` for one store only.
+        ("sessions", _) => {
+            let sizes = parse_sizes(args.get(1), &SESSION_SIZES)?;
+            sessions(&sizes, arg(2)).await
+        }
+        ("targets", _) => targets(&parse_sizes(args.get(1), &TARGET_SIZES)?),
+        _ => Err("usage: scale_bench sessions [sizes [memory|redis]] | targets [sizes]".into()),
+    }
+}
