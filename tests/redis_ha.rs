@@ -26,8 +26,12 @@ const UPSTREAMS: usize = 4;
 const WORKERS_PER_GATEWAY: usize = 8;
 /// Lease TTL of the failover tests: the bound on reclaiming the dead master's leases.
 const LEASE_TTL: Duration = Duration::from_secs(3);
-/// Bound on the whole failover (detection, promotion, the gateways back to `ok`).
+/// How long the test waits for the failover at most (detection, promotion, the gateways back).
 const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
+/// The bound asserted on each gateway being back on the shared state, from the fault: measured
+/// at 2.7–4.6 s for the cluster (node timeout 1 s) and 1.3–2.4 s for Sentinel on a loaded 2-core
+/// machine (docs/performance.md, "Redis high availability").
+const RECOVERY_BOUND: Duration = Duration::from_secs(10);
 
 fn config(url: &str, upstreams: &[String], origin_port: u16, store_extra: &str) -> String {
     let list: Vec<String> = upstreams.iter().map(|u| format!("\"{u}\"")).collect();
@@ -337,7 +341,10 @@ async fn check_failover(
     assert!(peaks.contains(&CAP), "the cap was reached: {peaks:?}");
     assert_eq!(ok, total, "every request was served: {outcomes:?}");
     for (seen, recovered) in figures.seen.iter().zip(figures.recovered_after) {
-        assert!(recovered < RECOVERY_LIMIT, "{seen:?}");
+        assert!(
+            recovered < RECOVERY_BOUND,
+            "back after {recovered:?}: {seen:?}"
+        );
         if seen.degraded_after.is_some() {
             assert!(
                 seen.reason.as_deref().is_some_and(|r| !r.is_empty()),
@@ -490,7 +497,6 @@ const GATEWAY_ACL: &[&str] = &[
     "+evalsha",
     "+script|load",
     "+subscribe",
-    "+unsubscribe",
     "+get",
     "+hget",
     "+zadd",
