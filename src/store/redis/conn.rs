@@ -86,7 +86,8 @@ pub(super) enum Remote {
     },
     /// The master the sentinels name, asked again for every new connection: after a failover
     /// the old master refuses writes (READONLY) or is gone, and a fresh connection (see
-    /// `recover`) is the one that finds the new master.
+    /// `recover`, and `sentinel.rs`, which drops the connection as soon as the sentinels name
+    /// another master) is the one that finds the new master.
     Sentinel {
         /// Also serialises the asking, so concurrent callers share one answer.
         sentinel: Box<tokio::sync::Mutex<SentinelClient>>,
@@ -708,5 +709,27 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_name_the_key_and_outages_are_not_refusals() {
+        let auth = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "denied"));
+        assert!(refusal(&auth).is_some_and(|r| r.starts_with("store.url:")));
+        let cert = redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        ));
+        assert!(
+            refusal(&cert).is_some_and(|r| r.starts_with("store.tls_ca_file:")),
+            "{cert}"
+        );
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(refusal(&refused), None);
     }
 }
