@@ -60,6 +60,7 @@ async fn store(redis: Option<&str>, strategy: Strategy) -> Result<Arc<AnyStore>,
             timeout: Duration::from_secs(2),
             key_prefix: format!("pgfilter{}", rand::random::<u32>()),
             instance_id: format!("bench-{}", std::process::id()),
+            tls: Default::default(),
         })?),
     };
     store

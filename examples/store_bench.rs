@@ -56,6 +56,7 @@ async fn store(redis: Option<&str>) -> Result<Arc<AnyStore>, BoxError> {
             timeout: Duration::from_secs(2),
             key_prefix: "pgbench".into(),
             instance_id: format!("bench-{}", std::process::id()),
+            tls: Default::default(),
         })?),
     };
     store.configure(spec()).await?;

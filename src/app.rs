@@ -169,16 +169,21 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
             url,
             timeout,
             key_prefix,
+            tls,
         } => AnyStore::Redis(
             RedisStore::new(RedisSettings {
                 url: url.clone(),
                 timeout: *timeout,
                 key_prefix: key_prefix.clone(),
                 instance_id: instance_id.clone(),
+                tls: tls.clone(),
             })
             .map_err(|e| StartError::Store(e.to_string()))?,
         ),
     };
+    if let AnyStore::Redis(redis) = &store {
+        redis.first_contact().await.map_err(StartError::Store)?;
+    }
     let health = health::Registry::default();
     let sources = crate::sources::Registry::default();
     sources.preload(&config);

@@ -49,6 +49,7 @@ impl Backend {
                             timeout: TEST_STORE_TIMEOUT,
                             key_prefix: "pgtest".into(),
                             instance_id: format!("conformance-{i}-{:08x}", rand::random::<u32>()),
+                            tls: Default::default(),
                         })
                         .unwrap(),
                     ))

@@ -133,6 +133,7 @@ impl Backend<'_> {
                             timeout: Duration::from_secs(2),
                             key_prefix: "pgprop".into(),
                             instance_id: format!("prop-{i}-{:08x}", rand::random::<u32>()),
+                            tls: Default::default(),
                         })
                         .unwrap(),
                     ))

@@ -47,6 +47,9 @@ pub struct StoreStatus {
     pub kind: &'static str,
     /// `ok`, or `degraded` when the store cannot be reached.
     pub health: &'static str,
+    /// Why the store is degraded (the last error, never a credential); absent when `ok`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -394,6 +397,7 @@ pub async fn collect(gw: &Gateway, listing: &Listing) -> Status {
             } else {
                 "degraded"
             },
+            reason: gw.store.health_reason(),
         },
         pools: views,
         traffic: crate::admin::traffic::TrafficView::collect(gw).await,

@@ -121,6 +121,9 @@ pub(super) struct FileStore {
     pub(super) url: Option<String>,
     pub(super) timeout: Option<String>,
     pub(super) key_prefix: Option<String>,
+    pub(super) tls_ca_file: Option<PathBuf>,
+    pub(super) tls_cert_file: Option<PathBuf>,
+    pub(super) tls_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

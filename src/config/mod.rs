@@ -54,7 +54,7 @@ pub use probe::{
 pub use rate_limit::{Rate, RateLimitConfig};
 pub use server::ServerConfig;
 pub use sources::{AdmissionConfig, SourcesConfig};
-pub use store::StoreConfig;
+pub use store::{StoreConfig, StoreTls};
 pub use upstream_tls::UpstreamTlsConfig;
 
 use error::describe_toml_error;

@@ -1,7 +1,11 @@
 //! `[store]`: where shared state lives (embedded, or Redis for several instances).
 
 use std::fmt;
+use std::path::Path;
 use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::file::FileStore;
 use super::validate::Validator;
@@ -18,7 +22,32 @@ pub enum StoreConfig {
         timeout: Duration,
         /// First segment of every key.
         key_prefix: String,
+        /// What a `rediss://` connection trusts and presents; read and checked at load.
+        tls: StoreTls,
     },
+}
+
+/// `store.tls_*`: the PEM files a `rediss://` store connection uses, read once at load so a
+/// missing or malformed file stops the start, not the first reconnection.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StoreTls {
+    /// `store.tls_ca_file`: the only roots trusted for the Redis server's certificate (the
+    /// system's are not consulted when it is set).
+    pub ca_pem: Option<Vec<u8>>,
+    /// `store.tls_cert_file` and `store.tls_key_file`: a client certificate for servers started
+    /// with `tls-auth-clients yes`.
+    pub client_cert_pem: Option<Vec<u8>>,
+    pub client_key_pem: Option<Vec<u8>>,
+}
+
+/// Debug output shows which files are set, never the key.
+impl fmt::Debug for StoreTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.client_cert_pem.is_some())
+            .finish()
+    }
 }
 
 /// Debug output never shows the store URL's password.
@@ -30,11 +59,13 @@ impl fmt::Debug for StoreConfig {
                 url,
                 timeout,
                 key_prefix,
+                tls,
             } => f
                 .debug_struct("Redis")
                 .field("url", &crate::store_url::redact(url))
                 .field("timeout", timeout)
                 .field("key_prefix", key_prefix)
+                .field("tls", tls)
                 .finish(),
         }
     }
@@ -57,6 +88,9 @@ impl Validator {
                 ("store.url", s.url.is_some()),
                 ("store.timeout", s.timeout.is_some()),
                 ("store.key_prefix", s.key_prefix.is_some()),
+                ("store.tls_ca_file", s.tls_ca_file.is_some()),
+                ("store.tls_cert_file", s.tls_cert_file.is_some()),
+                ("store.tls_key_file", s.tls_key_file.is_some()),
             ] {
                 if set {
                     self.problem(key, "only used with store.kind = \"redis\"");
@@ -86,10 +120,12 @@ impl Validator {
                 {
                     self.problem("store.key_prefix", "1-64 characters of A-Z a-z 0-9 - _ . :");
                 }
+                let tls = self.store_tls(s, url);
                 StoreConfig::Redis {
                     url: url.clone(),
                     timeout,
                     key_prefix,
+                    tls,
                 }
             }
             ("redis", None) => {
@@ -102,6 +138,91 @@ impl Validator {
                     format!("`{other}` is not a store kind (use \"memory\" or \"redis\")"),
                 );
                 StoreConfig::Memory
+            }
+        }
+    }
+}
+
+impl Validator {
+    /// Reads `store.tls_*`, each file checked for what it must hold.
+    fn store_tls(&mut self, s: &FileStore, url: &str) -> StoreTls {
+        let any = s.tls_ca_file.is_some() || s.tls_cert_file.is_some() || s.tls_key_file.is_some();
+        if any && !(url.starts_with("rediss://") || url.starts_with("rediss+cluster://")) {
+            for (key, set) in [
+                ("store.tls_ca_file", s.tls_ca_file.is_some()),
+                ("store.tls_cert_file", s.tls_cert_file.is_some()),
+                ("store.tls_key_file", s.tls_key_file.is_some()),
+            ] {
+                if set {
+                    self.problem(
+                        key,
+                        "only used with a rediss:// or rediss+cluster:// store.url",
+                    );
+                }
+            }
+            return StoreTls::default();
+        }
+        if s.tls_cert_file.is_some() != s.tls_key_file.is_some() {
+            self.problem(
+                "store.tls_cert_file",
+                "store.tls_cert_file and store.tls_key_file are set together",
+            );
+        }
+        let ca_pem = s.tls_ca_file.as_deref().and_then(|p| {
+            self.pem_file(
+                "store.tls_ca_file",
+                p,
+                |pem| {
+                    let certs = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>();
+                    matches!(certs, Ok(c) if !c.is_empty())
+                },
+                "no PEM certificate in it",
+            )
+        });
+        let client_cert_pem = s.tls_cert_file.as_deref().and_then(|p| {
+            self.pem_file(
+                "store.tls_cert_file",
+                p,
+                |pem| {
+                    let certs = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>();
+                    matches!(certs, Ok(c) if !c.is_empty())
+                },
+                "no PEM certificate in it",
+            )
+        });
+        let client_key_pem = s.tls_key_file.as_deref().and_then(|p| {
+            self.pem_file(
+                "store.tls_key_file",
+                p,
+                |pem| PrivateKeyDer::from_pem_slice(pem).is_ok(),
+                "no PEM private key in it",
+            )
+        });
+        StoreTls {
+            ca_pem,
+            client_cert_pem,
+            client_key_pem,
+        }
+    }
+
+    /// The file's bytes if it can be read and `valid` accepts them; else a problem for `key`.
+    fn pem_file(
+        &mut self,
+        key: &str,
+        path: &Path,
+        valid: impl Fn(&[u8]) -> bool,
+        invalid: &str,
+    ) -> Option<Vec<u8>> {
+        let path = self.path(path);
+        match std::fs::read(&path) {
+            Ok(pem) if valid(&pem) => Some(pem),
+            Ok(_) => {
+                self.problem(key, format!("{}: {invalid}", path.display()));
+                None
+            }
+            Err(e) => {
+                self.problem(key, format!("cannot read {}: {e}", path.display()));
+                None
             }
         }
     }
@@ -148,5 +269,36 @@ mod tests {
         assert!(!p.contains("hunter2"), "{p}");
         let p = problems("[store]\ntimeout = \"1s\"\n").join("\n");
         assert!(p.contains("store.timeout"), "{p}");
+    }
+
+    #[test]
+    fn store_tls_files_are_checked_at_load_each_naming_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let junk = junk.display();
+        let p = problems(&format!(
+            "[store]\nkind = \"redis\"\nurl = \"rediss://:hunter2@h:1\"\n\
+             tls_ca_file = \"{junk}\"\ntls_cert_file = \"/nonexistent/c.pem\"\n"
+        ))
+        .join("\n");
+        assert!(
+            p.contains("store.tls_ca_file") && p.contains("no PEM certificate"),
+            "{p}"
+        );
+        assert!(
+            p.contains("store.tls_cert_file") && p.contains("cannot read"),
+            "{p}"
+        );
+        assert!(p.contains("set together"), "{p}");
+        assert!(!p.contains("hunter2"), "{p}");
+        let p = problems(&format!(
+            "[store]\nkind = \"redis\"\nurl = \"redis://h:1\"\ntls_ca_file = \"{junk}\"\n"
+        ))
+        .join("\n");
+        assert!(
+            p.contains("store.tls_ca_file: only used with a rediss://"),
+            "{p}"
+        );
     }
 }

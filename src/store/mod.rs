@@ -255,6 +255,11 @@ pub trait Store: Send + Sync + 'static {
     /// [`HEALTH_OK`], or [`HEALTH_DEGRADED`] while a shared store is unreachable.
     fn health(&self) -> &'static str;
 
+    /// Why the store is degraded (the last failure, without credentials); `None` when it is ok.
+    fn health_reason(&self) -> Option<String> {
+        None
+    }
+
     /// Takes the job lock `name` for `ttl` unless someone holds it. Only one holder at a time
     /// (across every instance sharing the store); the lock expires by itself if its holder dies.
     fn lock(
@@ -465,6 +470,10 @@ impl Store for AnyStore {
 
     fn health(&self) -> &'static str {
         dispatch!(self, s => s.health())
+    }
+
+    fn health_reason(&self) -> Option<String> {
+        dispatch!(self, s => s.health_reason())
     }
 
     async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<LockToken>, StoreError> {

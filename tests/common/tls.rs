@@ -97,6 +97,32 @@ impl TestCa {
         (vec![leaf.der().clone(), self.cert_der()], key)
     }
 
+    /// A leaf for `names` usable by a server and as a client certificate, in PEM: (certificate
+    /// chain, PKCS#8 key). For servers outside this process (redis-server `tls-port`).
+    pub fn leaf_pem(&self, names: &[&str]) -> (String, String) {
+        let leaf_key = KeyPair::generate().expect("generate leaf key");
+        let sans: Vec<String> = names.iter().map(|s| (*s).to_string()).collect();
+        let mut params = CertificateParams::new(sans).expect("leaf params");
+        params.distinguished_name.push(
+            DnType::CommonName,
+            names.first().copied().unwrap_or("localhost"),
+        );
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let leaf = params
+            .signed_by(&leaf_key, &self.cert, &self.key)
+            .expect("sign leaf");
+        (leaf.pem() + &self.cert.pem(), leaf_key.serialize_pem())
+    }
+
     /// A server config presenting a leaf for `names` signed by this CA.
     /// ALPN: `http/1.1` only.
     pub fn server_config(&self, names: &[&str]) -> Arc<ServerConfig> {

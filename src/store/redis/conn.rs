@@ -12,12 +12,14 @@ use redis::FromRedisValue;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 
 use super::release::Release;
 use super::scripts::Call;
 use super::{
     CONFIGURE_TIMEOUT, Fault, Inner, RedisSettings, Target, UNLISTED_LEASE, locked, parse_target,
 };
+use crate::config::StoreTls;
 use crate::store::{LeaseId, MemberState, StoreError};
 use crate::upstream::UpstreamId;
 
@@ -68,10 +70,6 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one per store, built once and never moved on the hot path"
-)]
 pub(super) enum Remote {
     /// Reconnects by itself after a failed command; replaced whole when calls keep timing out
     /// (a connection whose peer vanished without closing it never fails, it only goes silent).
@@ -85,6 +83,20 @@ pub(super) enum Remote {
         client: Box<ClusterClient>,
         conn: ArcSwapOption<ClusterConnection>,
         connecting: tokio::sync::Mutex<()>,
+    },
+    /// The master the sentinels name, asked again for every new connection: after a failover
+    /// the old master refuses writes (READONLY) or is gone, and a fresh connection (see
+    /// `recover`, and `sentinel.rs`, which drops the connection as soon as the sentinels name
+    /// another master) is the one that finds the new master.
+    Sentinel {
+        /// Also serialises the asking, so concurrent callers share one answer.
+        sentinel: Box<tokio::sync::Mutex<SentinelClient>>,
+        /// The master's name as the sentinels know it.
+        master_name: String,
+        config: ConnectionManagerConfig,
+        manager: ArcSwapOption<ConnectionManager>,
+        /// The master's address last connected to, to log a change once.
+        master: std::sync::Mutex<String>,
     },
 }
 
@@ -164,6 +176,46 @@ pub(super) fn client_name(instance: &str) -> String {
     format!("poolgate:{clean}")
 }
 
+/// The `TlsCertificates` of `store.tls_*`, or none to trust the system's roots.
+fn certificates(tls: &StoreTls) -> Option<redis::TlsCertificates> {
+    if tls.ca_pem.is_none() && tls.client_cert_pem.is_none() {
+        return None;
+    }
+    let client_tls = match (&tls.client_cert_pem, &tls.client_key_pem) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: cert.clone(),
+            client_key: key.clone(),
+        }),
+        _ => None,
+    };
+    Some(redis::TlsCertificates {
+        client_tls,
+        root_cert: tls.ca_pem.clone(),
+    })
+}
+
+/// A client for one server's URL, with `certs` when it is a `rediss://` one.
+fn open(url: &str, certs: Option<&redis::TlsCertificates>) -> redis::RedisResult<redis::Client> {
+    match certs {
+        Some(certs) if url.starts_with("rediss://") => {
+            redis::Client::build_with_tls(url, certs.clone())
+        }
+        _ => redis::Client::open(url),
+    }
+}
+
+/// The settings of the single-server connection, shared by a sentinel's master connection.
+fn manager_config(settings: &RedisSettings) -> ConnectionManagerConfig {
+    // Responses are bounded per call (see `Inner::eval`), so the connection itself has no
+    // response timeout: a large pool's declaration may take longer.
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(settings.timeout))
+        .set_response_timeout(None)
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(500))
+}
+
 /// The command connection (made on first use) and the RESP3 clients for the events connection.
 pub(super) fn connect(
     settings: &RedisSettings,
@@ -171,18 +223,12 @@ pub(super) fn connect(
 ) -> Result<(Remote, Vec<redis::Client>), StoreError> {
     let bad = |what: &str| StoreError::Unavailable(format!("redis {redacted}: {what}"));
     let target = parse_target(&settings.url).map_err(|e| bad(&e))?;
+    let certs = certificates(&settings.tls);
     let connected = match target {
         Target::Single(url) => {
-            let client = redis::Client::open(url.as_str()).map_err(|_| bad("invalid URL"))?;
+            let client = open(&url, certs.as_ref()).map_err(|e| bad(&tls_or_url(&e)))?;
             let events = resp3(&client).map_err(|_| bad("invalid URL"))?;
-            // Responses are bounded per call (see `Inner::eval`), so the connection itself
-            // has no response timeout: a large pool's declaration may take longer.
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(settings.timeout))
-                .set_response_timeout(None)
-                .set_number_of_retries(1)
-                .set_min_delay(Duration::from_millis(50))
-                .set_max_delay(Duration::from_millis(500));
+            let config = manager_config(settings);
             let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                 .map_err(|e| bad(&e.to_string()))?;
             (
@@ -195,17 +241,19 @@ pub(super) fn connect(
             )
         }
         Target::Cluster(nodes) => {
-            let client = ClusterClient::builder(nodes.clone())
+            let mut builder = ClusterClient::builder(nodes.clone())
                 .connection_timeout(settings.timeout)
                 .response_timeout(CONFIGURE_TIMEOUT)
                 .retries(2)
                 .min_retry_wait(10)
-                .max_retry_wait(100)
-                .build()
-                .map_err(|_| bad("invalid cluster URL"))?;
+                .max_retry_wait(100);
+            if let Some(certs) = &certs {
+                builder = builder.certs(certs.clone());
+            }
+            let client = builder.build().map_err(|e| bad(&tls_or_url(&e)))?;
             let events = nodes
                 .iter()
-                .map(|n| redis::Client::open(n.as_str()).and_then(|c| resp3(&c)))
+                .map(|n| open(n, certs.as_ref()).and_then(|c| resp3(&c)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|_| bad("invalid cluster URL"))?;
             (
@@ -217,14 +265,135 @@ pub(super) fn connect(
                 events,
             )
         }
+        Target::Sentinel {
+            sentinels,
+            master,
+            auth,
+        } => {
+            let auth = redis::Client::open(auth.as_str()).map_err(|_| bad("invalid URL"))?;
+            let node = SentinelNodeConnectionInfo::default()
+                .set_redis_connection_info(auth.get_connection_info().redis_settings().clone());
+            let sentinel = SentinelClient::build(
+                sentinels,
+                master.clone(),
+                Some(node),
+                SentinelServerType::Master,
+            )
+            .map_err(|_| bad("invalid sentinel URL"))?;
+            (
+                Remote::Sentinel {
+                    sentinel: Box::new(tokio::sync::Mutex::new(sentinel)),
+                    master_name: master,
+                    config: manager_config(settings),
+                    manager: ArcSwapOption::empty(),
+                    master: std::sync::Mutex::default(),
+                },
+                // Found through the sentinels on each connection (see `Inner::event_clients`).
+                Vec::new(),
+            )
+        }
     };
     Ok(connected)
 }
 
+/// Why a client could not be built: the TLS files, or the URL.
+fn tls_or_url(e: &redis::RedisError) -> String {
+    if e.kind() == redis::ErrorKind::InvalidClientConfig || e.is_io_error() {
+        format!("store.tls_*: {e}")
+    } else {
+        "invalid URL".into()
+    }
+}
+
+/// The certificate problem in `e`'s chain, if the TLS handshake failed on one.
+fn certificate_error(e: &redis::RedisError) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        let rustls_err = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(
+            r @ (rustls::Error::InvalidCertificate(_)
+            | rustls::Error::AlertReceived(_)
+            | rustls::Error::NoCertificatesPresented),
+        ) = rustls_err
+        {
+            return Some(r.to_string());
+        }
+        next = err.source();
+    }
+    let text = e.to_string();
+    text.contains("invalid peer certificate").then_some(text)
+}
+
+/// A refusal that no retry will fix, as a start-up error naming the key to change; `None`
+/// for anything else (an unreachable Redis only delays the start of the shared state).
+pub(super) fn refusal(e: &redis::RedisError) -> Option<String> {
+    use redis::{ErrorKind, ServerErrorKind};
+    let code = e.code().unwrap_or("");
+    if e.kind() == ErrorKind::AuthenticationFailed || code == "WRONGPASS" || code == "NOAUTH" {
+        return Some(format!(
+            "store.url: Redis refused the user name or password ({})",
+            if code.is_empty() {
+                "authentication failed"
+            } else {
+                code
+            }
+        ));
+    }
+    if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
+        return Some(format!(
+            "store.url: the Redis user lacks a permission poolgate needs ({e}); see docs/configuration.md, [store]"
+        ));
+    }
+    if let Some(why) = certificate_error(e) {
+        return Some(format!(
+            "store.tls_ca_file: the TLS handshake with Redis failed on a certificate ({why}); \
+             store.tls_ca_file must hold the CA that signed the server's certificate \
+             (and store.tls_cert_file/tls_key_file one the server accepts)"
+        ));
+    }
+    if e.kind() == ErrorKind::MasterNameNotFoundBySentinel {
+        return Some("store.url: the sentinels do not know that master name".into());
+    }
+    None
+}
+
 impl Inner {
     async fn conn(&self) -> Result<Conn, Fault> {
+        self.conn_raw().await.map_err(Fault::from_redis)
+    }
+
+    async fn conn_raw(&self) -> redis::RedisResult<Conn> {
         match &self.remote {
             Remote::Single { manager, .. } => Ok(Conn::Single((**manager.load()).clone())),
+            Remote::Sentinel {
+                sentinel,
+                config,
+                manager,
+                master,
+                ..
+            } => {
+                if let Some(m) = manager.load_full() {
+                    return Ok(Conn::Single((*m).clone()));
+                }
+                let mut sentinel = sentinel.lock().await;
+                if let Some(m) = manager.load_full() {
+                    return Ok(Conn::Single((*m).clone()));
+                }
+                // Boxed: the sentinel client's future is deep, and every store call awaits this.
+                let client = Box::pin(sentinel.async_get_client()).await?;
+                let addr = client.get_connection_info().addr().to_string();
+                let previous = std::mem::replace(&mut *locked(master), addr.clone());
+                if previous != addr {
+                    tracing::info!(store = %self.redacted, master = %addr, "redis master found through the sentinels");
+                }
+                let m = ConnectionManager::new_lazy_with_config(client, config.clone())?;
+                manager.store(Some(Arc::new(m.clone())));
+                Ok(Conn::Single(m))
+            }
             Remote::Cluster {
                 client,
                 conn,
@@ -237,10 +406,7 @@ impl Inner {
                 if let Some(c) = conn.load_full() {
                     return Ok(Conn::Cluster((*c).clone()));
                 }
-                let c = client
-                    .get_async_connection()
-                    .await
-                    .map_err(Fault::from_redis)?;
+                let c = client.get_async_connection().await?;
                 conn.store(Some(Arc::new(c.clone())));
                 Ok(Conn::Cluster(c))
             }
@@ -259,6 +425,50 @@ impl Inner {
                 Err(e) => tracing::debug!(error = %e, "cannot prepare a new redis connection"),
             },
             Remote::Cluster { conn, .. } => conn.store(None),
+            Remote::Sentinel { manager, .. } => manager.store(None),
+        }
+    }
+
+    /// Whether every failed reconnection should start from a fresh connection: a sentinel's
+    /// master may have moved, and asking again is cheap.
+    fn follows_master(&self) -> bool {
+        matches!(self.remote, Remote::Sentinel { .. })
+    }
+
+    /// RESP3 clients for the events connection: the seed nodes, or the master the sentinels
+    /// name now.
+    pub(super) async fn event_clients(&self) -> Vec<redis::Client> {
+        let Remote::Sentinel { sentinel, .. } = &self.remote else {
+            return self.event_clients.clone();
+        };
+        let ask = async { Box::pin(sentinel.lock().await.async_get_client()).await };
+        match tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), ask).await {
+            Ok(Ok(client)) => resp3(&client).into_iter().collect(),
+            Ok(Err(e)) => {
+                tracing::debug!(store = %self.redacted, error = %e, "the sentinels named no master");
+                Vec::new()
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// One PING at start: a refusal no retry will fix (credentials, ACL, certificate, unknown
+    /// master) is returned as a start-up error naming the key; anything else, such as an
+    /// unreachable server, only starts the instance degraded.
+    pub(super) async fn first_contact(&self) -> Result<(), String> {
+        let ping = async {
+            let mut conn = self.conn_raw().await?;
+            redis::cmd("PING").query_async::<()>(&mut conn).await
+        };
+        match tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), ping).await {
+            Ok(Err(e)) => match refusal(&e) {
+                Some(why) => Err(why),
+                None => {
+                    tracing::warn!(store = %self.redacted, error = %e, "redis not reachable at start; serving degraded until it is");
+                    Ok(())
+                }
+            },
+            _ => Ok(()),
         }
     }
 
@@ -298,6 +508,7 @@ impl Inner {
 
     /// Switches to the local view (once) and makes sure a reconnection is under way.
     pub(super) fn degrade(self: &Arc<Self>, why: &str) {
+        *locked(&self.degraded_reason) = Some(why.to_string());
         if !self.degraded.swap(true, Ordering::SeqCst) {
             *locked(&self.degraded_since) = Some(std::time::Instant::now());
             tracing::warn!(
@@ -379,14 +590,16 @@ impl Inner {
                     Ok(()) => break,
                     Err(Fault::Down(why)) => {
                         tracing::debug!(store = %self.redacted, reason = %why, "redis still unreachable");
+                        *locked(&self.degraded_reason) = Some(why);
                         delay = (delay * 2).min(RECONNECT_MAX);
                         failures += 1;
-                        if failures % FRESH_CONNECTION_AFTER == 0 {
+                        if failures % FRESH_CONNECTION_AFTER == 0 || self.follows_master() {
                             self.fresh_connection();
                         }
                     }
                     Err(Fault::Broken(why)) => {
                         tracing::warn!(store = %self.redacted, reason = %why, "redis answers but refuses the shared state; still degraded");
+                        *locked(&self.degraded_reason) = Some(why);
                         delay = RECONNECT_MAX;
                     }
                 }
@@ -496,5 +709,27 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_name_the_key_and_outages_are_not_refusals() {
+        let auth = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "denied"));
+        assert!(refusal(&auth).is_some_and(|r| r.starts_with("store.url:")));
+        let cert = redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        ));
+        assert!(
+            refusal(&cert).is_some_and(|r| r.starts_with("store.tls_ca_file:")),
+            "{cert}"
+        );
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(refusal(&refused), None);
     }
 }

@@ -126,8 +126,8 @@ pub(super) async fn run(inner: Arc<Inner>) {
 async fn connect(
     inner: &Inner,
 ) -> Result<(MultiplexedConnection, UnboundedReceiver<PushInfo>), String> {
-    let mut last = String::from("no node configured");
-    for client in &inner.event_clients {
+    let mut last = String::from("no node to connect to");
+    for client in &inner.event_clients().await {
         let (tx, rx) = unbounded_channel();
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(inner.timeout))

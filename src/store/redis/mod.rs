@@ -27,7 +27,8 @@
 //!
 //! # Layout
 //! [`RedisStore`] and its [`Store`] methods are here, each one handing over to the module that does
-//! the job: `conn.rs` (connections, degraded mode), `acquire.rs`, `release.rs` (and statistics),
+//! the job: `conn.rs` (connections, degraded mode), `sentinel.rs` (following the master the
+//! sentinels name), `acquire.rs`, `release.rs` (and statistics),
 //! `members.rs` (pools, member settings, lists), `sessions.rs`, `status.rs` and `locks.rs`.
 
 mod acquire;
@@ -40,6 +41,7 @@ mod locks;
 mod members;
 mod release;
 mod scripts;
+mod sentinel;
 mod sessions;
 mod stats;
 mod status;
@@ -100,6 +102,8 @@ pub struct RedisSettings {
     /// Names this instance's connections (`CLIENT SETNAME poolgate:<id>`) and marks the member
     /// changes it publishes, so it ignores its own.
     pub instance_id: String,
+    /// Roots and client certificate for a `rediss://` URL (the system's roots when unset).
+    pub tls: crate::config::StoreTls,
 }
 
 /// The Redis-backed [`Store`]. Dropping it stops its background tasks.
@@ -224,6 +228,8 @@ struct Inner {
     fallback: MemoryStore,
     degraded: AtomicBool,
     degraded_since: Mutex<Option<std::time::Instant>>,
+    /// The last failure while degraded, shown in `/status` (Redis error texts hold no URL).
+    degraded_reason: Mutex<Option<String>>,
     recovering: AtomicBool,
     backlog: Mutex<Backlog>,
     changes: broadcast::Sender<MemberChange>,
@@ -280,6 +286,7 @@ impl RedisStore {
             fallback: MemoryStore::new(),
             degraded: AtomicBool::new(false),
             degraded_since: Mutex::new(None),
+            degraded_reason: Mutex::new(None),
             recovering: AtomicBool::new(false),
             backlog: Mutex::default(),
             changes: broadcast::channel(MEMBER_CHANGES_CAPACITY).0,
@@ -291,6 +298,7 @@ impl RedisStore {
         });
         tokio::spawn(events::run(inner.clone()));
         tokio::spawn(flush_periodically(inner.clone()));
+        tokio::spawn(sentinel::follow_master(inner.clone()));
         Ok(RedisStore {
             inner,
             _stop: stop.drop_guard(),
@@ -300,6 +308,13 @@ impl RedisStore {
     /// The URL without its password.
     pub fn redacted_url(&self) -> &str {
         &self.inner.redacted
+    }
+
+    /// Checks at start that Redis does not refuse this instance for good (wrong password, ACL,
+    /// untrusted certificate): such a refusal is a start-up error naming the key to change.
+    /// An unreachable Redis is not: the instance starts degraded and catches up.
+    pub async fn first_contact(&self) -> Result<(), String> {
+        self.inner.first_contact().await
     }
 
     /// Waits (at most `limit`) until the releases posted so far have gone out, then the
@@ -453,6 +468,13 @@ impl Store for RedisStore {
         } else {
             HEALTH_OK
         }
+    }
+
+    fn health_reason(&self) -> Option<String> {
+        if !self.inner.is_degraded() {
+            return None;
+        }
+        locked(&self.inner.degraded_reason).clone()
     }
 
     async fn lock(&self, name: &str, ttl: Duration) -> Result<Option<LockToken>, StoreError> {
