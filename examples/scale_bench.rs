@@ -341,6 +341,7 @@ async fn sessions_redis(server: &Server, n: usize) -> Result<SessionRow, BoxErro
         timeout: Duration::from_secs(5),
         key_prefix: poolgate::store::redis::DEFAULT_KEY_PREFIX.into(),
         instance_id: format!("scale-{}", std::process::id()),
+        tls: Default::default(),
     })?));
     store.configure(spec()).await?;
     let all = members();
