@@ -18,6 +18,7 @@
 #   bench/soak.sh                 # 10 minutes of load (1 of warm-up) after the build
 #   bench/soak.sh --minutes 30    # longer
 #   bench/soak.sh --short         # 2 minutes, for a smoke check
+#   bench/soak.sh --redis-wipe    # each Redis restart also loses its data (default: kept, AOF)
 #
 # Builds target/release/poolgate (POOLGATE_BIN=path uses that binary instead) and the soak
 # example (the fixture profile, as bench/run.sh builds its fixtures). Installs redis-server and
@@ -29,15 +30,17 @@ cd "$(dirname "$0")/.."
 root=$PWD
 
 usage() {
-  sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 minutes=10
 short=0
+redis_wipe=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=${2:?--minutes needs a number}; shift ;;
     --short) short=1 ;;
+    --redis-wipe) redis_wipe=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "soak: unknown option $1" >&2; usage >&2; exit 64 ;;
   esac
@@ -140,11 +143,11 @@ chaos_log=$work/chaos.log
 event() { echo "$(now_ms) $*" >>"$chaos_log"; }
 
 # --- Redis, origin, fake upstreams ----------------------------------------------------------
-mapfile -t ports < <(timeout 10 "$soak" free-ports --count 14)
+mapfile -t ports < <(timeout 10 "$soak" free-ports --count 5)
 redis_port=${ports[0]}
 proxy_port=("${ports[1]}" "${ports[2]}")
 admin_port=("${ports[3]}" "${ports[4]}")
-up_port=("${ports[@]:5:9}") # u1..u6: the default pool; u7..u9: the list-fed pool
+up_port=() # u1..u6: the default pool; u7..u9: the list-fed pool
 
 mkdir -p "$work/redis"
 redis_pid=""
@@ -168,6 +171,7 @@ stop_redis() { # a clean shutdown (SIGTERM: Redis flushes its AOF and exits)
   for i in $(seq 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
+  if [ "$redis_wipe" -eq 1 ]; then rm -rf "$work/redis" && mkdir -p "$work/redis"; fi
 }
 start_redis || { log "redis-server did not start"; exit 2; }
 
@@ -177,13 +181,15 @@ wait_line "$work/origin.out" '^ready' 10 "$origin_pid" || { log "origin did not 
 origin=$(sed -n 's/^origin=//p' "$work/origin.out")
 
 captcha_flag=$work/captcha-u2
-start_upstream() { # start_upstream N: fake upstream uN on its port (again after a kill)
-  local n=$1 c=0
+start_upstream() { # start_upstream N: fake upstream uN, on a port of the kernel's choice the
+  # first time, on the same port again after a kill
+  local n=$1 c=0 port=${up_port[$(($1 - 1))]:-0}
   [ "$n" -le 6 ] && c=$cap
-  start "u$n" "$soak" "$lifetime" upstream --listen "127.0.0.1:${up_port[$((n - 1))]}" \
+  start "u$n" "$soak" "$lifetime" upstream --listen "127.0.0.1:$port" \
     --cap "$c" --events "$work/u$n.events" --captcha-flag "$work/captcha-u$n"
   disown "$started" # killed by the chaos loop: no job report
-  wait_line "$work/u$n.out" '^ready' 10 "$started"
+  wait_line "$work/u$n.out" '^ready' 10 "$started" || return 1
+  up_port[$((n - 1))]=$(sed -n 's/^upstream=.*://p' "$work/u$n.out")
 }
 for n in $(seq 9); do start_upstream "$n" || { log "fake upstream u$n did not start"; exit 2; }; done
 up() { echo "127.0.0.1:${up_port[$(($1 - 1))]}"; }
@@ -239,7 +245,8 @@ for i in 0 1; do
     log "poolgate check rejects the config: $(tr '\n' ' ' <"$work/check-$i.log")"
     exit 2
   fi
-  POOLGATE_LOG=warn start "gw-$i" "$poolgate" --config "$work/gw-$i.toml"
+  # Warnings, and the store's switches to its local view and back (for the cap check).
+  POOLGATE_LOG=warn,poolgate::store::redis::conn=info start "gw-$i" "$poolgate" --config "$work/gw-$i.toml"
   gw_pid[$i]=$started
 done
 for i in 0 1; do
@@ -289,8 +296,8 @@ chaos() {
   for t in $(seq "$warmup" "$chaos_end"); do
     while [ $((SECONDS - load_start)) -lt "$t" ]; do sleep 0.2; done
     # An upstream killed (SIGKILL) every 20 s, started again on its port 4–8 s later.
-    if [ "$down_n" -gt 0 ] && [ "$t" -ge "$down_until" ]; then
-      start_upstream "$down_n" && event start-upstream "$(up "$down_n")"
+    if [ "$down_n" -gt 0 ] && [ "$t" -ge "$down_until" ] && start_upstream "$down_n"; then
+      event start-upstream "$(up "$down_n")"
       down_n=0
     fi
     if [ "$down_n" -eq 0 ] && [ $(((t - warmup) % 20)) -eq 10 ] && [ "$t" -lt $((chaos_end - 10)) ]; then
@@ -304,7 +311,11 @@ chaos() {
       event redis-stop
       stop_redis
       sleep 5
-      start_redis && event redis-start
+      for _ in 1 2 3 4 5; do # its port taken meanwhile: try again
+        start_redis && break
+        stop_redis
+      done
+      event redis-start
       redis_at=$((t + 90))
     fi
     # One upstream answers captchas for a while.
@@ -366,7 +377,14 @@ redis_leases=(
   "default:live=$(rc HVALS 'pg:{default}:live' | awk '{ s += $1 } END { print s + 0 }')"
   "listed:held=$(rc HVALS 'pg:{listed}:held' | awk '{ s += $1 } END { print s + 0 }')"
 )
-warnings=$(cat "$work"/gw-*.err | grep -c . || true)
+warnings=$(cat "$work"/gw-*.err | grep -c ' WARN \| ERROR ' || true)
+# When each instance served from its local view: its own log says when it switched and back.
+for i in 0 1; do
+  grep -E 'store degraded|\(store ok\)' "$work/gw-$i.err" | while read -r ts line; do
+    case "$line" in *"store degraded"*) what=degraded ;; *) what=ok ;; esac
+    echo "$(date -d "$ts" +%s%3N) $what gw-$i"
+  done
+done >"$work/degraded.log"
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -384,7 +402,7 @@ timeout 60 "$soak" report --load "$work/load.json" --samples "$samples" \
   $(for f in "${events_files[@]}"; do printf -- '--events %s ' "$f"; done) \
   --chaos-log "$chaos_log" $(for r in "${redis_leases[@]}"; do printf -- '--redis-leases %s ' "$r"; done) \
   --warmup-s "$warmup" --duration-s "$duration" --cap "$cap" \
-  --captcha-upstream "http://$(up 2)" \
+  --captcha-upstream "http://$(up 2)" --degraded "$work/degraded.log" \
   --meta "gateway log lines at warn level or above: $warnings (in $out_dir/gw-*.err)" \
   --meta "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >"$work/report.md" ||
   { log "the report failed"; exit 2; }
