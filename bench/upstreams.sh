@@ -109,7 +109,7 @@ write_config() { # write_config FILE STORE N SHIFT
 }
 timed_get() { # timed_get URL: prints "bytes ms"
   curl -s -o /dev/null -m 120 -w '%{size_download} %{time_total}\n' "$1" |
-    awk '{ printf "%d %.0f", $1, $2 * 1000 }'
+    awk '{ printf "%d %.0f\n", $1, $2 * 1000 }'
 }
 generation() {
   curl -s -m 10 "http://127.0.0.1:$admin/status?upstreams=none" |
@@ -120,7 +120,8 @@ printf '| store | members | start s | reload s | RSS MiB (start / after load) | 
 printf '|---|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 for store in memory redis; do
   for n in $sizes; do
-    read -r port admin < <(timeout 10 "$fixture" free-ports --count 2 | tr '\n' ' ')
+    mapfile -t pa < <(timeout 10 "$fixture" free-ports --count 2)
+    port=${pa[0]} admin=${pa[1]}
     cfg="$work/gateway-$store-$n.toml"
     write_config "$cfg" "$store" "$n" 0
     t0=$(now_ms)

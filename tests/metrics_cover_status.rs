@@ -36,6 +36,7 @@ const TABLE: &[(&str, Want)] = &[
     ("uptime_s", Series(&[("poolgate_uptime_seconds", &[])])),
     ("pools[].max_concurrency", Not(CONFIG)),
     ("pools[].upstreams_page.offset", Not(PAGE)),
+    ("pools[].matrix[].cells_total", Not(PAGE)),
     ("pools[].upstreams_page.limit", Not(PAGE)),
     ("pools[].upstreams_page.listed", Not(PAGE)),
     (

@@ -142,6 +142,9 @@ pub struct PoolHealth {
 
 /// Rows of the upstream × target matrix in `/status`.
 pub const MATRIX_TARGETS: usize = 20;
+/// Upstreams the matrix shows per target at most: those with the most exchanges with it. A
+/// busy target of a pool of 100,000 exits has a cell on each: `/status` would list them all.
+pub const MATRIX_CELLS: usize = 100;
 
 fn sample_of(outcome: Outcome) -> Option<Sample> {
     match outcome {
@@ -825,22 +828,43 @@ impl PoolHealth {
                 .targets
                 .busiest(MATRIX_TARGETS)
                 .into_iter()
-                .map(|row| MatrixRow {
+                .map(|mut row| MatrixRow {
                     target: row.target,
                     incident: row.incident,
-                    cells: row
-                        .cells
-                        .into_iter()
-                        .map(|(u, c)| {
-                            let total = c.total().max(1) as f64;
-                            MatrixCell {
-                                upstream: u.to_string(),
-                                success_ratio: c.ok as f64 / total,
-                                captcha_ratio: c.bans as f64 / total,
-                                counts: c,
-                            }
-                        })
-                        .collect(),
+                    cells_total: row.cells.len(),
+                    cells: {
+                        if row.cells.len() > MATRIX_CELLS {
+                            // The busiest, in their order before.
+                            let mut by_total: Vec<u64> =
+                                row.cells.iter().map(|(_, c)| c.total()).collect();
+                            by_total.sort_unstable_by(|a, b| b.cmp(a));
+                            let floor = by_total[MATRIX_CELLS - 1];
+                            let mut above = by_total.iter().filter(|t| **t > floor).count();
+                            row.cells.retain(|(_, c)| {
+                                let t = c.total();
+                                if t > floor {
+                                    true
+                                } else if t == floor && above < MATRIX_CELLS {
+                                    above += 1;
+                                    true
+                                } else {
+                                    false
+                                }
+                            });
+                        }
+                        row.cells
+                    }
+                    .into_iter()
+                    .map(|(u, c)| {
+                        let total = c.total().max(1) as f64;
+                        MatrixCell {
+                            upstream: u.to_string(),
+                            success_ratio: c.ok as f64 / total,
+                            captcha_ratio: c.bans as f64 / total,
+                            counts: c,
+                        }
+                    })
+                    .collect(),
                 })
                 .collect(),
         }
@@ -873,6 +897,35 @@ mod tests {
             .find(|r| r.target == target)
             .and_then(|r| r.cells.iter().find(|c| c.upstream == upstream))
             .map_or(0, |c| c.counts.bans)
+    }
+
+    /// A target seen through more upstreams than the matrix shows keeps the busiest cells, in
+    /// member order, and says how many there were.
+    #[tokio::test(start_paused = true)]
+    async fn the_matrix_shows_the_busiest_upstreams_of_a_target() {
+        let n = MATRIX_CELLS + 20;
+        let h = pool(n);
+        for i in 0..n {
+            // u0..u19 once, every other member twice.
+            let times = if i < 20 { 1 } else { 2 };
+            for _ in 0..times {
+                h.observe(
+                    &id(&format!("u{i}")),
+                    "shop.example",
+                    Outcome::Ok,
+                    Duration::from_millis(5),
+                );
+            }
+        }
+        let view = h.view();
+        let row = view
+            .matrix
+            .iter()
+            .find(|r| r.target == "shop.example")
+            .unwrap();
+        assert_eq!(row.cells_total, n);
+        assert_eq!(row.cells.len(), MATRIX_CELLS);
+        assert!(row.cells.iter().all(|c| c.counts.total() == 2));
     }
 
     #[tokio::test(start_paused = true)]

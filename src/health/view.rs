@@ -42,6 +42,9 @@ pub struct TargetIncident {
 pub struct MatrixRow {
     pub target: String,
     pub incident: bool,
+    /// Upstreams with a cell for this target; `cells` shows the busiest
+    /// [`MATRIX_CELLS`](super::engine::MATRIX_CELLS) of them.
+    pub cells_total: usize,
     pub cells: Vec<MatrixCell>,
 }
 

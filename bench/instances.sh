@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# What Redis pays per proxied request as gateway instances are added: 1, 2 and 4 instances of
+# poolgate on one redis-server and on a 3-master Redis Cluster, driven together (one wrk per
+# instance), one pool of the 8 fake upstreams of bench_fixture, least-used, no cap. For each
+# row: total req/s, Redis commands per request (top-level: what the gateways send), Redis calls
+# per request (INFO commandstats: the calls scripts make included), and Redis CPU per request
+# (used_cpu_user + used_cpu_sys of every Redis process over the load, in µs). From the last
+# figure, requests/s one Redis core carries: 1e6 / (CPU µs per request).
+#
+#   bench/instances.sh                 # 1 2 4 instances, 5 s each
+#   bench/instances.sh --seconds 10 --counts "1 2"
+#
+# On a machine of few cores the gateways, wrk and Redis share them: req/s is what this machine
+# does, while Redis's CPU and commands per request hold whatever the load. Everything binds
+# 127.0.0.1 and is stopped on exit. Installs wrk, redis-server and curl with apt-get when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+log() { printf 'instances: %s\n' "$*" >&2; }
+# shellcheck source=bench/common.sh
+. "$root/bench/common.sh"
+
+counts="1 2 4"
+secs=5
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --counts) counts=${2:?--counts needs a list}; shift ;;
+    --seconds) secs=${2:?--seconds needs a number}; shift ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "instances: unknown option $1" >&2; exit 64 ;;
+  esac
+  shift
+done
+
+missing=()
+for tool in wrk:wrk redis-server:redis-server curl:curl; do
+  command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+install_packages "${missing[@]}"
+build_release
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  stop_all "${pids[@]}"
+  rm -rf "$work"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start() { # start NAME CMD...: in the background; sets $started
+  local name=$1
+  shift
+  "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  started=$!
+  pids+=("$started")
+}
+wait_for() { # wait_for SECONDS CMD...: until CMD succeeds, at most SECONDS
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.05
+  done
+}
+free_ports() { timeout 10 "$fixture" free-ports --count "$1"; }
+
+lifetime=--max-lifetime=3600s
+start origin "$fixture" "$lifetime" origin
+wait_for 10 grep -q '^ready' "$work/origin.out"
+origin=$(sed -n 's/^origin=//p' "$work/origin.out")
+start pool "$fixture" "$lifetime" upstream --count 8
+wait_for 10 grep -q '^ready' "$work/pool.out"
+mapfile -t ups < <(sed -n 's/^upstream=//p' "$work/pool.out")
+
+redis_node() { # redis_node NAME PORT [ARGS...]
+  local name=$1 port=$2
+  shift 2
+  mkdir -p "$work/$name"
+  start "$name" redis-server --bind 127.0.0.1 --port "$port" --dir "$work/$name" --save '' \
+    --appendonly no "$@"
+  wait_for 10 redis-cli -p "$port" ping
+}
+
+single_port=$(free_ports 1)
+redis_node single "$single_port"
+mapfile -t cluster_ports < <(free_ports 3)
+for p in "${cluster_ports[@]}"; do
+  redis_node "node-$p" "$p" --cluster-enabled yes --cluster-config-file "$work/node-$p.conf"
+done
+redis-cli --cluster create $(printf '127.0.0.1:%s ' "${cluster_ports[@]}") --cluster-yes \
+  >"$work/cluster.log" 2>&1
+wait_for 30 sh -c "redis-cli -p ${cluster_ports[0]} cluster info | grep -q cluster_state:ok"
+
+# sum_info PORTS... FIELD: a field of INFO summed over the nodes (cpu: user + sys in µs).
+redis_cpu_us() {
+  local p total=0
+  for p in "$@"; do
+    total=$(redis-cli -p "$p" info cpu | tr -d '\r' | awk -F: -v t="$total" \
+      '$1 == "used_cpu_user" || $1 == "used_cpu_sys" { t += $2 * 1e6 } END { printf "%.0f", t }')
+  done
+  echo "$total"
+}
+redis_stat() { # redis_stat FIELD PORTS...: an INFO stats field summed over the nodes
+  local field=$1 p total=0 v
+  shift
+  for p in "$@"; do
+    v=$(redis-cli -p "$p" info stats | tr -d '\r' | awk -F: -v f="$field" '$1 == f { print $2 }')
+    total=$((total + v))
+  done
+  echo "$total"
+}
+redis_calls() { # every call, those of scripts included (INFO commandstats)
+  local p total=0 v
+  for p in "$@"; do
+    v=$(redis-cli -p "$p" info commandstats | tr -d '\r' |
+      sed -nE 's/^cmdstat_[^:]*:calls=([0-9]+).*/\1/p' | awk '{ t += $1 } END { print t + 0 }')
+    total=$((total + v))
+  done
+  echo "$total"
+}
+
+upstream_list=$(printf '"http://%s", ' "${ups[@]}")
+printf '| Redis | instances | req/s | commands / request | calls / request | Redis CPU µs / request | requests/s per Redis core |\n'
+printf '|---|---:|---:|---:|---:|---:|---:|\n'
+for topology in single cluster; do
+  if [ "$topology" = single ]; then
+    url="redis://127.0.0.1:$single_port"
+    nodes=("$single_port")
+  else
+    url="redis+cluster://$(printf '127.0.0.1:%s,' "${cluster_ports[@]}" | sed 's/,$//')"
+    nodes=("${cluster_ports[@]}")
+  fi
+  for k in $counts; do
+    prefix="pg$RANDOM"
+    gws=()
+    addrs=()
+    for i in $(seq "$k"); do
+      mapfile -t pa < <(free_ports 2)
+      port=${pa[0]} admin=${pa[1]}
+      cat >"$work/gw-$topology-$k-$i.toml" <<EOF
+[server]
+listen = "127.0.0.1:$port"
+admin_listen = "127.0.0.1:$admin"
+workers = 1
+
+[store]
+kind = "redis"
+url = "$url"
+key_prefix = "$prefix"
+
+[policy]
+allow_private_targets = true
+
+[pools.default]
+upstreams = [$upstream_list]
+EOF
+      POOLGATE_LOG=warn start "gw-$topology-$k-$i" "$poolgate" --config "$work/gw-$topology-$k-$i.toml"
+      gws+=("$started")
+      addrs+=("127.0.0.1:$port")
+    done
+    for a in "${addrs[@]}"; do
+      wait_for 30 curl -sf -m 5 -o /dev/null -x "http://$a" "http://$origin/1k"
+    done
+    # A short warm-up, then the measured load.
+    for a in "${addrs[@]}"; do
+      timeout 30 wrk -t1 -c8 -d1s -s "$root/bench/proxy.lua" "http://$a/" -- "http://$origin/1k" \
+        >/dev/null &
+    done
+    wait
+    cpu0=$(redis_cpu_us "${nodes[@]}")
+    cmd0=$(redis_stat total_commands_processed "${nodes[@]}")
+    calls0=$(redis_calls "${nodes[@]}")
+    wrks=()
+    for i in "${!addrs[@]}"; do
+      timeout $((secs + 30)) wrk -t1 -c16 -d"${secs}s" --timeout 5s -s "$root/bench/proxy.lua" \
+        "http://${addrs[$i]}/" -- "http://$origin/1k" >"$work/wrk-$i.out" &
+      wrks+=($!)
+    done
+    wait "${wrks[@]}"
+    cpu1=$(redis_cpu_us "${nodes[@]}")
+    cmd1=$(redis_stat total_commands_processed "${nodes[@]}")
+    calls1=$(redis_calls "${nodes[@]}")
+    reqs=0
+    dur=0
+    for i in "${!addrs[@]}"; do
+      r=$(sed -nE 's/.* requests=([0-9]+).*/\1/p' "$work/wrk-$i.out")
+      d=$(sed -nE 's/.* duration_us=([0-9]+).*/\1/p' "$work/wrk-$i.out")
+      n=$(sed -nE 's/.* non2xx=([0-9]+).*/\1/p' "$work/wrk-$i.out")
+      [ "${n:-0}" = 0 ] || log "$topology $k: instance $i had $n responses not 2xx"
+      reqs=$((reqs + ${r:-0}))
+      [ "${d:-0}" -gt "$dur" ] && dur=$d
+    done
+    awk -v t="$topology" -v k="$k" -v r="$reqs" -v d="$dur" -v c=$((cmd1 - cmd0)) \
+      -v calls=$((calls1 - calls0)) -v cpu=$((cpu1 - cpu0)) 'BEGIN {
+        if (r == 0 || d == 0) { printf "| %s | %d | — | — | — | — | — |\n", t, k; exit }
+        us = cpu / r
+        printf "| %s | %d | %.0f | %.2f | %.2f | %.1f | %.0f |\n", t, k, r / (d / 1e6), c / r, calls / r, us, 1e6 / us
+      }'
+    stop_all "${gws[@]}"
+  done
+done
