@@ -2,8 +2,9 @@
 # What Redis pays per proxied request as gateway instances are added: 1, 2 and 4 instances of
 # poolgate on one redis-server and on a 3-master Redis Cluster, driven together (one wrk per
 # instance), one pool of the 8 fake upstreams of bench_fixture, least-used, no cap. For each
-# row: total req/s, Redis commands per request (top-level: what the gateways send), Redis calls
-# per request (INFO commandstats: the calls scripts make included), and Redis CPU per request
+# row: total req/s, script runs per request (EVALSHA calls: the gateways batch the acquires and
+# releases that queue up while a call is under way), Redis calls per request (INFO commandstats:
+# the calls scripts make included), and Redis CPU per request
 # (used_cpu_user + used_cpu_sys of every Redis process over the load, in µs). From the last
 # figure, requests/s one Redis core carries: 1e6 / (CPU µs per request).
 #
@@ -105,12 +106,12 @@ redis_cpu_us() {
   done
   echo "$total"
 }
-redis_stat() { # redis_stat FIELD PORTS...: an INFO stats field summed over the nodes
-  local field=$1 p total=0 v
-  shift
+redis_evalsha() { # EVALSHA calls, summed over the nodes
+  local p total=0 v
   for p in "$@"; do
-    v=$(redis-cli -p "$p" info stats | tr -d '\r' | awk -F: -v f="$field" '$1 == f { print $2 }')
-    total=$((total + v))
+    v=$(redis-cli -p "$p" info commandstats | tr -d '\r' |
+      sed -nE 's/^cmdstat_evalsha:calls=([0-9]+).*/\1/p')
+    total=$((total + ${v:-0}))
   done
   echo "$total"
 }
@@ -125,7 +126,7 @@ redis_calls() { # every call, those of scripts included (INFO commandstats)
 }
 
 upstream_list=$(printf '"http://%s", ' "${ups[@]}")
-printf '| Redis | instances | req/s | commands / request | calls / request | Redis CPU µs / request | requests/s per Redis core |\n'
+printf '| Redis | instances | req/s | script runs / request | calls / request | Redis CPU µs / request | requests/s per Redis core |\n'
 printf '|---|---:|---:|---:|---:|---:|---:|\n'
 for topology in single cluster; do
   if [ "$topology" = single ]; then
@@ -167,13 +168,15 @@ EOF
       wait_for 30 curl -sf -m 5 -o /dev/null -x "http://$a" "http://$origin/1k"
     done
     # A short warm-up, then the measured load.
+    warm=()
     for a in "${addrs[@]}"; do
       timeout 30 wrk -t1 -c8 -d1s -s "$root/bench/proxy.lua" "http://$a/" -- "http://$origin/1k" \
         >/dev/null &
+      warm+=($!)
     done
-    wait
+    wait "${warm[@]}"
     cpu0=$(redis_cpu_us "${nodes[@]}")
-    cmd0=$(redis_stat total_commands_processed "${nodes[@]}")
+    cmd0=$(redis_evalsha "${nodes[@]}")
     calls0=$(redis_calls "${nodes[@]}")
     wrks=()
     for i in "${!addrs[@]}"; do
@@ -183,7 +186,7 @@ EOF
     done
     wait "${wrks[@]}"
     cpu1=$(redis_cpu_us "${nodes[@]}")
-    cmd1=$(redis_stat total_commands_processed "${nodes[@]}")
+    cmd1=$(redis_evalsha "${nodes[@]}")
     calls1=$(redis_calls "${nodes[@]}")
     reqs=0
     dur=0
