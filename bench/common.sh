@@ -45,3 +45,51 @@ stop_all() {
     wait "$pid" 2>/dev/null || true
   done
 }
+
+# Shared by the curve scripts (upstreams.sh, instances.sh): a work directory, processes started
+# in the background and stopped on exit whatever the exit, and a bounded wait.
+
+# bench_workdir: makes $work and arranges for every process in $pids to be stopped and $work
+# removed on exit (and on INT/TERM).
+bench_workdir() {
+  work=$(mktemp -d)
+  pids=()
+  trap bench_cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+bench_cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  stop_all "${pids[@]}"
+  rm -rf "$work"
+  exit "$status"
+}
+
+# start NAME CMD...: runs CMD in the background, output in $work/NAME.{out,err}; sets $started.
+start() {
+  local name=$1
+  shift
+  "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  started=$!
+  pids+=("$started")
+}
+
+# wait_for SECONDS CMD...: runs CMD until it succeeds, for at most SECONDS.
+wait_for() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.05
+  done
+}
+
+# install_missing CMD:PACKAGE...: installs the packages whose command is missing.
+install_missing() {
+  local missing=() tool
+  for tool in "$@"; do
+    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+  done
+  install_packages "${missing[@]}"
+}

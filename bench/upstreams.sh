@@ -44,41 +44,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-missing=()
-for tool in wrk:wrk redis-server:redis-server curl:curl; do
-  command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
-done
-install_packages "${missing[@]}"
+install_missing wrk:wrk redis-server:redis-server curl:curl
 build_release
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  local status=$?
-  trap - EXIT INT TERM
-  stop_all "${pids[@]}"
-  rm -rf "$work"
-  exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-start() { # start NAME CMD...: in the background; sets $started
-  local name=$1
-  shift
-  "$@" >"$work/$name.out" 2>"$work/$name.err" &
-  started=$!
-  pids+=("$started")
-}
-wait_for() { # wait_for SECONDS CMD...: until CMD succeeds, at most SECONDS
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.05
-  done
-}
+bench_workdir
 now_ms() { date +%s%3N; }
 k() { awk -v n="$1" 'BEGIN { printf "%.0f", n / 1024 }'; } # KiB → MiB, bytes → KiB
 kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
