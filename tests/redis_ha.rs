@@ -501,6 +501,9 @@ const GATEWAY_ACL: &[&str] = &[
     "+get",
     "+hget",
     "+zadd",
+    // /status reads the per-member hashes a thousand fields a call.
+    "+hscan",
+    "+zscan",
     // Run by the scripts.
     "+del",
     "+exists",
