@@ -15,7 +15,7 @@ use common::{FakeProxy, FakeProxyOpts, Origin, OriginBehaviour, TestGateway};
 use poolgate::auth::hash_password_with_cost;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const CLIENT_PASSWORD: &str = "wonderland-secret";
 const UPSTREAM_PASSWORD: &str = "upstream-secret";
@@ -38,24 +38,6 @@ const FIELDS: &[&str] = &[
     "retries",
     "instance",
 ];
-
-/// A TCP server that echoes every byte back, on loopback.
-async fn echo_server() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    port
-}
 
 async fn gateway(upstream: &FakeProxy, echo_port: u16, log: &Path, format: &str) -> TestGateway {
     let hash = hash_password_with_cost(CLIENT_PASSWORD, 8, 1, 1).unwrap();
@@ -136,7 +118,7 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_and_a_tunnel_leave_a_line_each_and_bytes_count_as_they_flow() {
     let origin = Origin::start(OriginBehaviour::echo()).await;
-    let echo = echo_server().await;
+    let echo = common::echo_server().await.port();
     let upstream =
         FakeProxy::start(FakeProxyOpts::with_credentials("upuser", UPSTREAM_PASSWORD)).await;
     let dir = tempfile::tempdir().unwrap();

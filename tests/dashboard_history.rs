@@ -24,18 +24,7 @@ fn chromium() -> Option<String> {
 }
 
 async fn history(gw: &TestGateway) -> Value {
-    let body = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/status/history", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    serde_json::from_slice(&body).unwrap()
+    common::admin_json(gw.admin, "/status/history").await
 }
 
 /// The attribute `name` of the element starting at `tag` (the text after `<polyline`).

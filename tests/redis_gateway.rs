@@ -75,19 +75,7 @@ fn client_via(gw: &GatewayProcess) -> reqwest::Client {
 }
 
 async fn status(gw: &GatewayProcess) -> serde_json::Value {
-    let body = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-        .get(format!("http://{}/status", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    serde_json::from_slice(&body).unwrap()
+    common::admin_json(&gw.admin, "/status").await
 }
 
 /// `id → allocations` of the default pool, as `/status` shows them.
@@ -111,17 +99,7 @@ async fn client_name(gw: &GatewayProcess) -> String {
         .as_str()
         .unwrap()
         .to_string();
-    let clean: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.:".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("poolgate:{clean}")
+    poolgate::store::redis::client_name(&id)
 }
 
 /// Sends `GET url` through `client`, returning (status, upstream header).

@@ -55,19 +55,7 @@ fn client_via(proxy: &str) -> reqwest::Client {
 }
 
 async fn status(admin: &str) -> serde_json::Value {
-    let body = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-        .get(format!("http://{admin}/status"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    serde_json::from_slice(&body).unwrap()
+    common::admin_json(admin, "/status").await
 }
 
 /// Requests through several gateways until stopped, counted by outcome (`200`, `502
@@ -170,17 +158,7 @@ async fn client_name(admin: &str) -> String {
         .as_str()
         .unwrap()
         .to_string();
-    let clean: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.:".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("poolgate:{clean}")
+    poolgate::store::redis::client_name(&id)
 }
 
 fn now_ms() -> u128 {

@@ -31,15 +31,7 @@ async fn gateway() -> TestGateway {
 }
 
 async fn get(gw: &TestGateway, query: &str) -> (u16, String) {
-    let r = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/status{query}", gw.admin))
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
+    common::admin_get(gw.admin, &format!("/status{query}")).await
 }
 
 async fn status(gw: &TestGateway, query: &str) -> Value {

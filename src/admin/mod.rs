@@ -47,29 +47,11 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, bound: IpAddr) -> 
                 Ok(l) => l,
                 Err(e) => return text(StatusCode::BAD_REQUEST, &format!("/status: {e}\n")),
             };
-            match serde_json::to_vec_pretty(&status::collect(&gw, &listing).await) {
-                Ok(json) => {
-                    let mut r = body::response(StatusCode::OK, json);
-                    r.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    r
-                }
-                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
-            }
+            json(serde_json::to_vec_pretty(
+                &status::collect(&gw, &listing).await,
+            ))
         }
-        (&Method::GET, "/status/history") => match serde_json::to_vec(&gw.metrics.history.view()) {
-            Ok(json) => {
-                let mut r = body::response(StatusCode::OK, json);
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                r
-            }
-            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
-        },
+        (&Method::GET, "/status/history") => json(serde_json::to_vec(&gw.metrics.history.view())),
         (&Method::POST, "/admin/reload") => crate::reload::admin_reload(&gw, &req).await,
         (_, "/admin/reload") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"),
         (&Method::GET, "/metrics") => match gw
@@ -111,6 +93,21 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, bound: IpAddr) -> 
             StatusCode::NOT_FOUND,
             "not found: try /dashboard, /status, /metrics, /healthz or /readyz\n",
         ),
+    }
+}
+
+/// A JSON document, or a 500 saying why it could not be written.
+fn json(document: serde_json::Result<Vec<u8>>) -> Response<Body> {
+    match document {
+        Ok(json) => {
+            let mut r = body::response(StatusCode::OK, json);
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}\n")),
     }
 }
 

@@ -168,14 +168,15 @@ impl Validator {
                 "store.tls_cert_file and store.tls_key_file are set together",
             );
         }
+        let has_certs = |pem: &[u8]| {
+            let certs = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>();
+            matches!(certs, Ok(c) if !c.is_empty())
+        };
         let ca_pem = s.tls_ca_file.as_deref().and_then(|p| {
             self.pem_file(
                 "store.tls_ca_file",
                 p,
-                |pem| {
-                    let certs = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>();
-                    matches!(certs, Ok(c) if !c.is_empty())
-                },
+                has_certs,
                 "no PEM certificate in it",
             )
         });
@@ -183,10 +184,7 @@ impl Validator {
             self.pem_file(
                 "store.tls_cert_file",
                 p,
-                |pem| {
-                    let certs = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>();
-                    matches!(certs, Ok(c) if !c.is_empty())
-                },
+                has_certs,
                 "no PEM certificate in it",
             )
         });

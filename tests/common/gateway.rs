@@ -8,6 +8,26 @@ use poolgate::config::Config;
 
 use super::TestCa;
 
+/// GET `path` of the admin listener at `admin`, never through a proxy: the status and the body.
+pub async fn admin_get(admin: impl std::fmt::Display, path: &str) -> (u16, String) {
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+        .get(format!("http://{admin}{path}"))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// GET `path` of the admin listener at `admin`, read as JSON.
+pub async fn admin_json(admin: impl std::fmt::Display, path: &str) -> serde_json::Value {
+    let (_, body) = admin_get(admin, path).await;
+    serde_json::from_str(&body).unwrap()
+}
+
 pub struct TestGateway {
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
@@ -98,18 +118,7 @@ impl TestGateway {
 
     /// The admin `/status` document.
     pub async fn status(&self) -> serde_json::Value {
-        let body = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .unwrap()
-            .get(format!("http://{}/status", self.admin))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        serde_json::from_slice(&body).unwrap()
+        admin_json(self.admin, "/status").await
     }
 
     /// The admin `/metrics` text.

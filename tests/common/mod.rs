@@ -31,7 +31,7 @@ pub use fake_proxy::{FakeProxy, FakeProxyOpts, ProxyMode, ProxyOutcome, SeenRequ
 #[allow(unused_imports)]
 pub use fake_socks::{FakeSocks, FakeSocksOpts, SocksAddr, SocksRequest};
 #[allow(unused_imports)]
-pub use gateway::TestGateway;
+pub use gateway::{TestGateway, admin_get, admin_json};
 #[allow(unused_imports)]
 pub use origin::{Origin, OriginBehaviour, RecordedRequest, pattern_bytes};
 #[allow(unused_imports)]

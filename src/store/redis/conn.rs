@@ -162,7 +162,7 @@ fn resp3(client: &redis::Client) -> redis::RedisResult<redis::Client> {
 }
 
 /// `poolgate:<instance id>`, with anything Redis would refuse in a client name replaced.
-pub(super) fn client_name(instance: &str) -> String {
+pub fn client_name(instance: &str) -> String {
     let clean: String = instance
         .chars()
         .map(|c| {
