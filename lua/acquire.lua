@@ -16,7 +16,7 @@
 -- KEYS[5]  leases    ZSET    lease id -> deadline (ms)
 -- KEYS[6]  lease_up  HASH    lease id -> upstream
 -- KEYS[7]  live      HASH    upstream -> live lease count
--- KEYS[8]  session_count HASH  live sessions for status, by expiry second (see status.lua)
+-- KEYS[8]  session_count HASH  live sessions by expiry second, for status (see the session mode)
 -- KEYS[9]  instances ZSET    instance -> deadline (ms) of its report (see report.lua)
 -- KEYS[10] held      HASH    instance -> its unlisted leases, "<count> <upstream>" lines
 -- KEYS[11] sess      STRING  the session's upstream, PXAT = now + session TTL (session modes only)
