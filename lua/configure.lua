@@ -20,6 +20,8 @@
 -- KEYS[4]  order    ZSET  upstream -> position in the configured list
 -- KEYS[5]  leases   ZSET  lease id -> deadline (ms); pinned
 -- KEYS[6]  lease_up HASH  lease id -> upstream; pinned
+-- KEYS[7]  sessions ZSET  (optional) what versions before the session count kept per live
+--                         session; nothing reads it now, so it is deleted
 --
 -- ARGV[1..]  the members, in configured order (distinct)
 --
@@ -63,4 +65,7 @@ redis.call('HSETNX', KEYS[1], 'rr', '0')
 local pin = '~ pins the hashtable/skiplist encoding: as a listpack every lease operation scans all leases'
 redis.call('HSETNX', KEYS[6], '~', pin)
 redis.call('ZADD', KEYS[5], 'NX', '+inf', pin)
+if KEYS[7] then
+  redis.call('DEL', KEYS[7])
+end
 return fresh and 1 or 0

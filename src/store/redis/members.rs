@@ -193,13 +193,14 @@ impl Inner {
     pub(super) async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
         let spec = p.spec.load();
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::CONFIGURE, 6);
+        let mut inv = Call::new(&scripts::CONFIGURE, 7);
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
             .key(&k.order)
             .key(&k.leases)
-            .key(&k.lease_up);
+            .key(&k.lease_up)
+            .key(&k.legacy_sessions);
         for id in &spec.members {
             inv.arg(id.as_str());
         }
