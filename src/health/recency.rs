@@ -78,6 +78,12 @@ impl Recency {
         std::mem::take(&mut self.nodes[slot as usize].name)
     }
 
+    /// The name in `slot`, while the slot is in use (a removed slot's name is empty).
+    pub fn name(&self, slot: u32) -> Option<&str> {
+        let node = self.nodes.get(slot as usize)?;
+        (!node.name.is_empty()).then_some(&*node.name)
+    }
+
     /// The least recently seen name and its slot.
     pub fn oldest(&self) -> Option<(u32, &str)> {
         self.oldest.map(|s| (s, &*self.nodes[s as usize].name))
