@@ -29,6 +29,11 @@ pub(crate) struct PoolKeys {
     pub instances: String,
     /// HASH: instance → its unlisted leases, `<count> <upstream>` lines.
     pub held: String,
+    /// ZSET: the load index of least-connections, `<allocs><pos><upstream>` → listed live ×
+    /// cost, one entry per eligible member while `meta` field `load` is `1` (`acquire.lua`).
+    pub load: String,
+    /// HASH: upstream → `<cost> <its entry in load>`.
+    pub load_of: String,
     /// Pub/sub channel of the pool's events.
     pub events: String,
     /// STRING: the members the pool's upstream lists contribute, one URL a line (`listed_put.lua`).
@@ -55,6 +60,8 @@ impl PoolKeys {
             sessions: key("sessions"),
             instances: key("instances"),
             held: key("held"),
+            load: key("load"),
+            load_of: key("load_of"),
             events: key("events"),
             listed: key("listed"),
             sess_prefix: key("sess:"),
@@ -97,6 +104,8 @@ mod tests {
             &k.sessions,
             &k.instances,
             &k.held,
+            &k.load,
+            &k.load_of,
             &k.events,
             &k.listed,
             &k.session("s1"),
