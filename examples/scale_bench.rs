@@ -662,7 +662,7 @@ async fn leastconn_run(store: Arc<AnyStore>) -> Result<(u64, Duration), BoxError
 async fn leastconn(sizes: &[usize], stores: &str) -> Result<(), BoxError> {
     let started = Instant::now();
     println!(
-        "least-connections, no cap: {LEASTCONN_TASKS} tasks, {LEASTCONN_SECONDS} s a run\nstore | members | pairs/s (x) | Redis commands per pair"
+        "least-connections, no cap: {LEASTCONN_TASKS} tasks, {LEASTCONN_SECONDS} s a run\nstore | members | pairs/s (x) | Redis commands per pair | load index B per member"
     );
     let server = if stores != "memory" {
         Some(Server::start()?)
@@ -670,7 +670,7 @@ async fn leastconn(sizes: &[usize], stores: &str) -> Result<(), BoxError> {
         None
     };
     for store_kind in ["memory", "redis"] {
-        if stores != "" && stores != store_kind {
+        if !stores.is_empty() && stores != store_kind {
             continue;
         }
         let mut base = None;
@@ -702,9 +702,22 @@ async fn leastconn(sizes: &[usize], stores: &str) -> Result<(), BoxError> {
                 (Some(b), Some(a)) => format!("{:.1}", (a - b) as f64 / pairs.max(1) as f64),
                 _ => "-".into(),
             };
+            // The least-connections load index (`load` and `load_of`), where the store keeps one.
+            let index = match port {
+                Some(server) => {
+                    let prefix = poolgate::store::redis::DEFAULT_KEY_PREFIX;
+                    let keys = ["load", "load_of"].map(|k| format!("{prefix}:{{{POOL}}}:{k}"));
+                    let bytes: u64 = memory_usage(server.1, &keys)
+                        .unwrap_or_default()
+                        .iter()
+                        .sum();
+                    format!("{:.0}", bytes as f64 / n as f64)
+                }
+                None => "-".into(),
+            };
             let base_rate = *base.get_or_insert(rate);
             println!(
-                "{store_kind} | {} | {rate:.0} ({:.2}x) | {per_pair}",
+                "{store_kind} | {} | {rate:.0} ({:.2}x) | {per_pair} | {index}",
                 size_name(n),
                 rate / base_rate
             );
