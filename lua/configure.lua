@@ -14,9 +14,11 @@
 -- The pin is field "~" of lease_up and a member of leases with score +inf, so no deadline range
 -- reaches it; lease ids are never "~".
 --
--- It builds the load index (see acquire.lua) afresh for a least-connections pool, from the live
--- counts, as positions and members may have changed, and drops it for any other strategy, whose
--- scripts then have nothing to keep up.
+-- It makes the load index (see acquire.lua) right for a least-connections pool and drops it for
+-- any other strategy, whose scripts then have nothing to keep up. Where the index is kept
+-- already, an entry still right (same allocation score, position and cost) stays as it is, with
+-- the live count the other scripts keep in it: an instance starting with the pool's members
+-- rewrites none. Else it is built from the live counts.
 --
 -- KEYS[1]  meta     HASH  rr = round-robin cursor, n = member count, load = "1" while the load
 --                         index is kept
@@ -61,14 +63,22 @@ for _, up in ipairs(redis.call('HKEYS', KEYS[2])) do
   end
 end
 redis.call('DEL', KEYS[4])
-redis.call('DEL', KEYS[8], KEYS[9])
 local lc = strategy == 'least-connections'
-local live_of, allocs_of = {}, {}
+local kept = lc and redis.call('HGET', KEYS[1], 'load') == '1'
+if not kept then
+  redis.call('DEL', KEYS[8], KEYS[9])
+end
+-- had: each indexed member's "<cost> <entry>" (left: entries of members no longer indexed).
+local live_of, allocs_of, had = {}, {}, {}
 if lc then
   local flat = redis.call('HGETALL', KEYS[7])
   for i = 1, #flat, 2 do live_of[flat[i]] = tonumber(flat[i + 1]) end
   flat = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
   for i = 1, #flat, 2 do allocs_of[flat[i]] = tonumber(flat[i + 1]) end
+  if kept then
+    flat = redis.call('HGETALL', KEYS[9])
+    for i = 1, #flat, 2 do had[flat[i]] = flat[i + 1] end
+  end
 end
 local scores, entries = {}, {}
 local function flush()
@@ -93,14 +103,27 @@ for i = 2, #ARGV do
   if lc and e == '1' then
     c = math.max(tonumber(c), 1)
     local entry = string.format('%017.0f%08d', allocs_of[up] or 0, i - 2) .. up
-    scores[#scores + 1] = string.format('%.0f', math.max(live_of[up] or 0, 0) * c)
-    scores[#scores + 1] = entry
-    entries[#entries + 1] = up
-    entries[#entries + 1] = string.format('%d', c) .. ' ' .. entry
-    if #scores >= 1000 then flush() end
+    local value = string.format('%d', c) .. ' ' .. entry
+    local old = had[up]
+    had[up] = nil
+    if old ~= value then
+      if old then
+        redis.call('ZREM', KEYS[8], string.match(old, '^%d+ (.*)$'))
+      end
+      scores[#scores + 1] = string.format('%.0f', math.max(live_of[up] or 0, 0) * c)
+      scores[#scores + 1] = entry
+      entries[#entries + 1] = up
+      entries[#entries + 1] = value
+      if #scores >= 1000 then flush() end
+    end
   end
 end
 flush()
+-- Entries of members that left the pool or are not eligible.
+for up, old in pairs(had) do
+  redis.call('ZREM', KEYS[8], string.match(old, '^%d+ (.*)$'))
+  redis.call('HDEL', KEYS[9], up)
+end
 if lc then
   redis.call('HSET', KEYS[1], 'load', '1')
 else
