@@ -622,15 +622,24 @@ fn leastconn_spec(n: usize) -> PoolSpec {
 /// Acquire/release pairs completed by `LEASTCONN_TASKS` loops on `store`'s pool, and the time
 /// they took.
 async fn leastconn_run(store: Arc<AnyStore>) -> Result<(u64, Duration), BoxError> {
+    leastconn_pairs(store, LEASTCONN_TASKS, u64::MAX).await
+}
+
+/// Pairs completed by `tasks` loops of at most `each` pairs, for at most `LEASTCONN_SECONDS`.
+async fn leastconn_pairs(
+    store: Arc<AnyStore>,
+    tasks: usize,
+    each: u64,
+) -> Result<(u64, Duration), BoxError> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(LEASTCONN_SECONDS);
     let pairs = Arc::new(AtomicU64::new(0));
     let mut set = tokio::task::JoinSet::new();
-    for _ in 0..LEASTCONN_TASKS {
+    for _ in 0..tasks {
         let (store, pairs) = (store.clone(), pairs.clone());
         set.spawn(async move {
             let mut n = 0u64;
-            while Instant::now() < deadline {
+            while n < each && Instant::now() < deadline {
                 n += 1;
                 if n % 64 == 0 {
                     tokio::task::yield_now().await;
@@ -694,6 +703,10 @@ async fn leastconn(sizes: &[usize], stores: &str) -> Result<(), BoxError> {
             let t = Instant::now();
             store.configure(leastconn_spec(n)).await?;
             let configured = t.elapsed();
+            // Declared again with the same members, as by an instance starting.
+            let t = Instant::now();
+            store.configure(leastconn_spec(n)).await?;
+            let again = t.elapsed();
             let before = port.map(|s| s.commands()).transpose()?;
             let (pairs, took) = leastconn_run(store.clone()).await?;
             let after = port.map(|s| s.commands()).transpose()?;
@@ -721,7 +734,24 @@ async fn leastconn(sizes: &[usize], stores: &str) -> Result<(), BoxError> {
                 size_name(n),
                 rate / base_rate
             );
-            eprintln!("{store_kind} {n}: configured in {configured:.0?}");
+            eprintln!(
+                "{store_kind} {n}: declared in {configured:.0?}, declared again in {again:.0?}"
+            );
+            if let Some(server) = port {
+                // As if an instance of another strategy had declared the pool last: the next
+                // acquire builds the index again.
+                let prefix = poolgate::store::redis::DEFAULT_KEY_PREFIX;
+                redis_cli(
+                    server.1,
+                    &["HDEL", &format!("{prefix}:{{{POOL}}}:meta"), "load"],
+                )?;
+                let t = Instant::now();
+                let (pairs, _) = leastconn_pairs(store.clone(), 1, 1).await?;
+                eprintln!(
+                    "{store_kind} {n}: {pairs} acquire/release after the index was dropped: {:.0?}",
+                    t.elapsed()
+                );
+            }
         }
     }
     println!("({:.0?} in all)", started.elapsed());
