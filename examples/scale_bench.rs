@@ -29,7 +29,11 @@
 //! a plain acquire and its release through the store API for `LEASTCONN_SECONDS`; the figure is
 //! pairs completed over the time the run took (a run whose acquires are slow overshoots its
 //! nominal length: every task finishes its pair). On Redis, the commands per pair are
-//! `total_commands_processed` over the run, the commands scripts ran included.
+//! `total_commands_processed` over the run, the commands scripts ran included; the bytes per
+//! member are the `MEMORY USAGE` of the load index (`load`, `load_of`); and on stderr, the time
+//! to declare the pool fresh and again (as an instance starting does), and of one acquire after
+//! the index was dropped (as a declaration by an instance of another strategy does), which
+//! builds it again.
 //!
 //! Times are the same process's wall clock around each call on a shared machine: compare
 //! within a run (the ratios to the smallest size), not across runs.
