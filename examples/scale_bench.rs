@@ -380,16 +380,17 @@ async fn sessions_redis(server: &Server, n: usize) -> Result<SessionRow, BoxErro
         return Err(format!("{live} sessions live, not {n}").into());
     }
     // Where a binding's bytes are: its STRING key (key, value, dict entry; not its entry in the
-    // expires dict) and its entry in the `sessions` ZSET.
+    // expires dict), and the pool's session count (one HASH, by expiry second, for all of them).
     let prefix = poolgate::store::redis::DEFAULT_KEY_PREFIX;
-    let zset = memory_usage(server.1, &[format!("{prefix}:{{{POOL}}}:sessions")])?;
+    let count = memory_usage(server.1, &[format!("{prefix}:{{{POOL}}}:session_count")])?;
     let strings: Vec<String> = (0..200.min(n as u64))
         .map(|i| format!("{prefix}:{{{POOL}}}:sess:{}", key(i)))
         .collect();
     let each = memory_usage(server.1, &strings)?;
     eprintln!(
-        "redis {n}: MEMORY USAGE: sessions ZSET {:.0} B/binding, a binding's STRING key {:.0} B (mean of {})",
-        zset.iter().sum::<u64>() as f64 / n as f64,
+        "redis {n}: MEMORY USAGE: session_count HASH {} B ({:.2} B/binding), a binding's STRING key {:.0} B (mean of {})",
+        count.iter().sum::<u64>(),
+        count.iter().sum::<u64>() as f64 / n as f64,
         each.iter().sum::<u64>() as f64 / each.len().max(1) as f64,
         each.len()
     );

@@ -168,7 +168,8 @@ async fn main() -> Result<(), BoxError> {
 
     let mut inv = configure.prepare_invoke();
     for k in [
-        "meta", "state", "members", "order", "leases", "lease_up", "live", "load", "load_of",
+        "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
+        "load_of",
     ] {
         inv.key(key(k));
     }

@@ -18,13 +18,13 @@
 -- KEYS[5]  leases    ZSET    lease id -> deadline (ms)
 -- KEYS[6]  lease_up  HASH    lease id -> upstream
 -- KEYS[7]  live      HASH    upstream -> live lease count
--- KEYS[8]  sessions  ZSET    session key -> expiry (ms); only counts sessions for status
+-- KEYS[8]  session_count HASH  live sessions by expiry second, for status (see the session mode)
 -- KEYS[9]  instances ZSET    instance -> deadline (ms) of its report (see report.lua)
 -- KEYS[10] held      HASH    instance -> its unlisted leases, "<count> <upstream>" lines
 -- KEYS[11] load      ZSET    the load index: "<allocs><pos><upstream>" -> listed live x cost,
 --                            one entry per eligible member while meta `load` is "1" (below)
 -- KEYS[12] load_of   HASH    upstream -> "<cost> <its entry in load>"
--- KEYS[13] sess      STRING  the session's upstream, PX = session TTL (session modes only)
+-- KEYS[13] sess      STRING  the session's upstream, PXAT = now + session TTL (session modes only)
 -- KEYS[13] subset    ZSET    a label filter's members -> allocations through the filter
 --                            (within mode; KEYS[14] in session-within mode)
 --
@@ -41,7 +41,7 @@
 --                       client a fraction of a list of lists to parse). A gateway sends the plain
 --                       acquires that queued up while its last call was under way this way, so
 --                       Redis pays the per-call cost once for all of them.
---   session: ARGV[8] session TTL (ms)  ARGV[9] rebind (0|1)  ARGV[10] session key
+--   session: ARGV[8] session TTL (ms)  ARGV[9] rebind (0|1)  ARGV[10] session key (checked only)
 --            ARGV[11..] preferred upstreams, in consistent-hash order
 --   within:  an `any` among the members of a label filter's subset only. ARGV[8] count e of
 --            upstreams to exclude, ARGV[9..8+e] those, then the subset's members: sent when the
@@ -105,14 +105,13 @@ if strategy ~= 'least-used' and strategy ~= 'weighted' and strategy ~= 'least-co
     and strategy ~= 'round-robin' then
   return redis.error_reply('ERR acquire: unknown strategy')
 end
-local sess_ttl, sess_ttl_s, rebind, skey
+local sess_ttl, rebind, skey
 -- The ARGV ranges of the preferred upstreams, the excluded ones and a subset's members.
 local pref_first, pref_last = 11, #ARGV
 local excl_first, excl_last = 8, #ARGV
 local sub, sub_first = nil, #ARGV + 1
 if mode == 'session' or mode == 'session-within' then
   sess_ttl = tonumber(ARGV[8])
-  sess_ttl_s = ARGV[8]
   rebind = ARGV[9] == '1'
   skey = ARGV[10]
   if #KEYS < 13 or not sess_ttl or sess_ttl <= 0 or not skey or skey == '' then
@@ -383,8 +382,88 @@ local function in_use()
   return redis.error_reply('ERR acquire: lease id in use')
 end
 
+-- Live sessions are counted by expiry second in KEYS[8], so that a binding costs no more than
+-- its own key: field <s> = bindings whose expiry (ms) rounded up to whole seconds is s, `n` =
+-- the sum of those fields, `swept` = the last second whose field was dropped (all of its
+-- bindings had expired). Binding adds to a second, a renewal into another second moves it there
+-- (the old one from the key's PEXPIRETIME, exact because the key's expiry is set here with
+-- PXAT/PEXPIREAT), and deleting takes it out. BUCKET_MS and sweep_counts are the same in
+-- status.lua (and BUCKET_MS in unbind.lua and end_session.lua).
+local BUCKET_MS = 1000
+-- Past seconds a sweep drops one by one; after a longer idle time it reads the fields instead.
+local SWEEP_SPAN = 1000
+
+local function hdel_all(key, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', key, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+
+-- Drops the fields of the seconds that have passed by `now` and takes their bindings off `n`;
+-- returns the last second swept. Bounded: at most SWEEP_SPAN fields, or one read of the hash,
+-- whose fields are at most the longest session TTL in seconds plus two.
+local function sweep_counts(counts, now)
+  local now_b = math.floor(now / BUCKET_MS)
+  local swept = tonumber(redis.call('HGET', counts, 'swept'))
+  if swept and swept >= now_b then return swept end
+  local gone, past = 0, {}
+  if swept and now_b - swept <= SWEEP_SPAN then
+    for b = swept + 1, now_b do
+      past[#past + 1] = string.format('%d', b)
+    end
+    for _, c in ipairs(redis.call('HMGET', counts, unpack(past))) do
+      if c then gone = gone + tonumber(c) end
+    end
+  else
+    local all = redis.call('HGETALL', counts)
+    for i = 1, #all, 2 do
+      local b = tonumber(all[i])
+      if b and b <= now_b then
+        past[#past + 1] = all[i]
+        gone = gone + tonumber(all[i + 1])
+      end
+    end
+  end
+  hdel_all(counts, past)
+  if gone > 0 then
+    redis.call('HINCRBY', counts, 'n', string.format('%d', -gone))
+  end
+  redis.call('HSET', counts, 'swept', string.format('%d', now_b))
+  return now_b
+end
+
+local function bucket_of(expiry_ms)
+  return math.ceil(expiry_ms / BUCKET_MS)
+end
+
 if mode == 'session' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now_s)
+  local counts = KEYS[8]
+  local swept = sweep_counts(counts, now)
+  local expiry = now + sess_ttl
+  local expiry_s = string.format('%.0f', expiry)
+  local b_new = bucket_of(expiry)
+  -- Counts a binding expiring in second b (one already swept is past: not counted).
+  local function count_in(b)
+    if b > swept then
+      redis.call('HINCRBY', counts, string.format('%d', b), '1')
+      redis.call('HINCRBY', counts, 'n', '1')
+    end
+  end
+  -- Takes out the binding whose expiry was `old` (PEXPIRETIME: ms, or < 0 for none), if its
+  -- second is still counted. A key an older version bound (with PX and no count) may take one
+  -- off a second it shares with others: the count is off by it until that second passes.
+  local function uncount(old)
+    if old <= 0 then return end
+    local f = string.format('%d', bucket_of(old))
+    local c = redis.call('HGET', counts, f)
+    if not c then return end
+    if tonumber(c) <= 1 then
+      redis.call('HDEL', counts, f)
+    else
+      redis.call('HINCRBY', counts, f, '-1')
+    end
+    redis.call('HINCRBY', counts, 'n', '-1')
+  end
   local bound = redis.call('GET', KEYS[13])
   if bound then
     local m = state_of(bound)
@@ -399,15 +478,19 @@ if mode == 'session' then
       end
       local granted = grant(bound, m, '0')
       if not granted then return in_use() end
-      redis.call('PEXPIRE', KEYS[13], sess_ttl_s)
-      redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
+      local old = redis.call('PEXPIRETIME', KEYS[13])
+      redis.call('PEXPIREAT', KEYS[13], expiry_s)
+      if old <= 0 or bucket_of(old) ~= b_new then
+        uncount(old)
+        count_in(b_new)
+      end
       return granted
     end
     if not rebind then
       return {'unavailable', bound}
     end
+    uncount(redis.call('PEXPIRETIME', KEYS[13]))
     redis.call('DEL', KEYS[13])
-    redis.call('ZREM', KEYS[8], skey)
   end
   -- A new binding: the first preferred member in service that has room. One at its cap is no
   -- candidate; only when every eligible one is at its cap does the session wait.
@@ -420,8 +503,8 @@ if mode == 'session' then
     elseif m and m.e then
       local granted = grant(up, m, '1')
       if not granted then return in_use() end
-      redis.call('SET', KEYS[13], up, 'PX', sess_ttl_s)
-      redis.call('ZADD', KEYS[8], now + sess_ttl, skey)
+      redis.call('SET', KEYS[13], up, 'PXAT', expiry_s)
+      count_in(b_new)
       return granted
     end
   end

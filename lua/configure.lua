@@ -27,9 +27,11 @@
 -- KEYS[4]  order    ZSET  upstream -> position in the configured list
 -- KEYS[5]  leases   ZSET  lease id -> deadline (ms); pinned
 -- KEYS[6]  lease_up HASH  lease id -> upstream; pinned
--- KEYS[7]  live     HASH  upstream -> live lease count
--- KEYS[8]  load     ZSET  the load index: "<allocs><pos><upstream>" -> listed live x cost
--- KEYS[9]  load_of  HASH  upstream -> "<cost> <its entry in load>"
+-- KEYS[7]  sessions ZSET  what versions before the session count kept per live session;
+--                         nothing reads it now, so it is deleted
+-- KEYS[8]  live     HASH  upstream -> live lease count
+-- KEYS[9]  load     ZSET  the load index: "<allocs><pos><upstream>" -> listed live x cost
+-- KEYS[10] load_of  HASH  upstream -> "<cost> <its entry in load>"
 --
 -- ARGV[1]    the pool's strategy: least-used | weighted | least-connections | round-robin
 -- ARGV[2..]  the members, in configured order (distinct)
@@ -37,7 +39,7 @@
 -- Returns  1 when the pool was new to this Redis (its state had been lost or never existed), else 0
 
 local strategy = ARGV[1]
-if #KEYS < 9 or (strategy ~= 'least-used' and strategy ~= 'weighted'
+if #KEYS < 10 or (strategy ~= 'least-used' and strategy ~= 'weighted'
     and strategy ~= 'least-connections' and strategy ~= 'round-robin') then
   return redis.error_reply('ERR configure: bad arguments')
 end
@@ -66,25 +68,25 @@ redis.call('DEL', KEYS[4])
 local lc = strategy == 'least-connections'
 local kept = lc and redis.call('HGET', KEYS[1], 'load') == '1'
 if not kept then
-  redis.call('DEL', KEYS[8], KEYS[9])
+  redis.call('DEL', KEYS[9], KEYS[10])
 end
 -- had: each indexed member's "<cost> <entry>" (left: entries of members no longer indexed).
 local live_of, allocs_of, had = {}, {}, {}
 if lc then
-  local flat = redis.call('HGETALL', KEYS[7])
+  local flat = redis.call('HGETALL', KEYS[8])
   for i = 1, #flat, 2 do live_of[flat[i]] = tonumber(flat[i + 1]) end
   flat = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
   for i = 1, #flat, 2 do allocs_of[flat[i]] = tonumber(flat[i + 1]) end
   if kept then
-    flat = redis.call('HGETALL', KEYS[9])
+    flat = redis.call('HGETALL', KEYS[10])
     for i = 1, #flat, 2 do had[flat[i]] = flat[i + 1] end
   end
 end
 local scores, entries = {}, {}
 local function flush()
   if #scores > 0 then
-    redis.call('ZADD', KEYS[8], unpack(scores))
-    redis.call('HSET', KEYS[9], unpack(entries))
+    redis.call('ZADD', KEYS[9], unpack(scores))
+    redis.call('HSET', KEYS[10], unpack(entries))
     scores, entries = {}, {}
   end
 end
@@ -108,7 +110,7 @@ for i = 2, #ARGV do
     had[up] = nil
     if old ~= value then
       if old then
-        redis.call('ZREM', KEYS[8], string.match(old, '^%d+ (.*)$'))
+        redis.call('ZREM', KEYS[9], string.match(old, '^%d+ (.*)$'))
       end
       scores[#scores + 1] = string.format('%.0f', math.max(live_of[up] or 0, 0) * c)
       scores[#scores + 1] = entry
@@ -121,8 +123,8 @@ end
 flush()
 -- Entries of members that left the pool or are not eligible.
 for up, old in pairs(had) do
-  redis.call('ZREM', KEYS[8], string.match(old, '^%d+ (.*)$'))
-  redis.call('HDEL', KEYS[9], up)
+  redis.call('ZREM', KEYS[9], string.match(old, '^%d+ (.*)$'))
+  redis.call('HDEL', KEYS[10], up)
 end
 if lc then
   redis.call('HSET', KEYS[1], 'load', '1')
@@ -134,4 +136,7 @@ redis.call('HSETNX', KEYS[1], 'rr', '0')
 local pin = '~ pins the hashtable/skiplist encoding: as a listpack every lease operation scans all leases'
 redis.call('HSETNX', KEYS[6], '~', pin)
 redis.call('ZADD', KEYS[5], 'NX', '+inf', pin)
+if KEYS[7] then
+  redis.call('DEL', KEYS[7])
+end
 return fresh and 1 or 0

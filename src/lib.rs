@@ -28,7 +28,8 @@
 //! - [`state`]: `Gateway`, the shared handles; nothing below names it.
 //! - pipeline: [`server`] (accept loops, connection limits), [`proxy`] ([`proxy::forward`],
 //!   [`proxy::tunnel`], [`proxy::socks`] the SOCKS5 front door, [`proxy::inspect`],
-//!   [`proxy::framing`], [`proxy::headers`], [`proxy::observe`], [`proxy::pipe`],
+//!   [`proxy::framing`], [`proxy::headers`], [`proxy::observe`], [`proxy::pipe`] (and
+//!   `proxy::splice` on Linux),
 //!   [`proxy::ledger`] (the access log's entry and byte counting on the request path),
 //!   [`proxy::respond`] errors → responses),
 //!   [`pool::select`].

@@ -289,6 +289,11 @@ impl<T> Tracked<T> {
     pub fn into_inner(self) -> T {
         self.inner
     }
+
+    /// The tracker, for bytes moved around this stream (a tunnel's `splice(2)`).
+    pub fn activity(&self) -> &Activity {
+        &self.activity
+    }
 }
 
 impl<T: AsyncRead> AsyncRead for Tracked<T> {

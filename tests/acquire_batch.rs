@@ -61,7 +61,7 @@ fn keys(tag: &str) -> Vec<String> {
         "leases",
         "lease_up",
         "live",
-        "sessions",
+        "session_count",
         "instances",
         "held",
         "load",

@@ -493,15 +493,15 @@ const GATEWAY_ACL: &[&str] = &[
     "+hset",
     "+hsetnx",
     "+pexpire",
+    "+pexpireat",
+    "+pexpiretime",
     "+publish",
     "+set",
     "+zcard",
-    "+zcount",
     "+zincrby",
     "+zrange",
     "+zrangebyscore",
     "+zrem",
-    "+zremrangebyscore",
     "+zscore",
 ];
 
@@ -579,7 +579,19 @@ async fn tls_with_a_client_certificate_and_an_acl_user_limited_to_the_key_prefix
         let r = client.get(origin.url("/ok")).send().await.unwrap();
         assert_eq!(r.status(), 200);
     }
-    assert_eq!(gw.status().await["store"]["health"], "ok");
+    // A session bound and renewed, and counted.
+    for _ in 0..3 {
+        let r = client
+            .get(origin.url("/ok"))
+            .header("X-Pool-Session", "acl-check")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let status = gw.status().await;
+    assert_eq!(status["store"]["health"], "ok");
+    assert_eq!(status["pools"][0]["sessions_live"], 1);
     assert_eq!(redis.cli(&["EXISTS", "pg:{default}:meta"]).trim(), "1");
     let denied = redis.cli(&["ACL", "LOG"]);
     assert!(denied.trim().is_empty(), "ACL denials: {denied}");

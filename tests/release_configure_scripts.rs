@@ -108,7 +108,8 @@ async fn configure_keeps_the_round_robin_cursor_across_instance_starts() {
     let configure = |members: &[&str]| {
         let mut inv = script.prepare_invoke();
         for k in [
-            "meta", "state", "members", "order", "leases", "lease_up", "live", "load", "load_of",
+            "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
+            "load_of",
         ] {
             inv.key(key(tag, k));
         }

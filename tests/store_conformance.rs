@@ -425,6 +425,96 @@ async fn sessions_bind_once_and_slide(b: &Backend) {
     assert_healthy(&c);
 }
 
+async fn sessions_live(s: &AnyStore, pool: &str) -> u64 {
+    s.status(pool).await.unwrap().sessions_live
+}
+
+/// A session acquire that must be granted, its lease released at once; returns its grant.
+async fn sticky_once(s: &AnyStore, pool: &str, want: Want<'_>) -> Grant {
+    let g = granted(s.acquire(pool, want).await.unwrap());
+    release(s, pool, &g).await;
+    g
+}
+
+/// `/status`'s `sessions_live`, seen from either client: up on a bind, unchanged by a renewal
+/// and by a rebind, down on an unbind, an end and an expiry. Redis counts a binding until the end
+/// of the second its expiry falls in (the memory store until the expiry itself), so the expiry
+/// is awaited for up to a second more than the TTL, and never seen before the TTL.
+async fn session_count_follows_bindings(b: &Backend) {
+    let (spec, m) = spec(
+        "count",
+        3,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = b.clients(2, &spec).await;
+    let pool = spec.name.as_str();
+    let long = Duration::from_secs(30);
+    let (p0, p1) = (vec![m[0].clone()], vec![m[1].clone()]);
+    assert_eq!(sessions_live(&c[0], pool).await, 0);
+
+    let a = sticky_once(&c[0], pool, session("a", long, &p0, false)).await;
+    assert!(a.bound_now);
+    assert_eq!(sessions_live(&c[1], pool).await, 1, "a bind counts");
+    for i in 0..3 {
+        let g = sticky_once(&c[i % 2], pool, session("a", long, &p1, false)).await;
+        assert_eq!((g.upstream, g.bound_now), (m[0].clone(), false));
+        assert_eq!(sessions_live(&c[(i + 1) % 2], pool).await, 1, "a renewal");
+    }
+    sticky_once(&c[1], pool, session("b", long, &p1, false)).await;
+    assert_eq!(sessions_live(&c[0], pool).await, 2);
+
+    // A rebind (the bound member dead) replaces the binding.
+    let dead = MemberState {
+        eligible: false,
+        keeps_sessions: false,
+        cost: 1,
+    };
+    c[0].set_member(pool, &m[0], dead).await.unwrap();
+    let g = sticky_once(&c[1], pool, session("a", long, &p1, true)).await;
+    assert_eq!((g.upstream, g.bound_now), (m[1].clone(), true));
+    assert_eq!(sessions_live(&c[0], pool).await, 2, "a rebind");
+
+    // An unbind naming another upstream leaves it; the right one takes it out.
+    c[0].unbind(pool, "b", &m[2]).await.unwrap();
+    assert_eq!(sessions_live(&c[1], pool).await, 2);
+    c[0].unbind(pool, "b", &m[1]).await.unwrap();
+    assert_eq!(sessions_live(&c[1], pool).await, 1, "an unbind");
+    assert!(c[1].end_session(pool, "a").await.unwrap());
+    assert!(!c[1].end_session(pool, "a").await.unwrap());
+    assert_eq!(sessions_live(&c[0], pool).await, 0, "an end");
+
+    // Left to expire (renewed once on the way), it stops counting within a second of its
+    // expiry.
+    let ttl = Duration::from_millis(300);
+    sticky_once(&c[0], pool, session("c", ttl, &p1, false)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sticky_once(&c[1], pool, session("c", ttl, &p1, false)).await;
+    let renewed = Instant::now();
+    assert_eq!(sessions_live(&c[0], pool).await, 1);
+    let mut gone = None;
+    for _ in 0..60 {
+        if sessions_live(&c[0], pool).await == 0 {
+            gone = Some(renewed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let gone = gone.expect("the count fell after the expiry");
+    assert!(
+        gone >= ttl - Duration::from_millis(50),
+        "counted for {gone:?} of a {ttl:?} TTL"
+    );
+    assert!(
+        gone <= ttl + Duration::from_millis(1000 + 700),
+        "still counted {gone:?} after a {ttl:?} TTL"
+    );
+    sticky_once(&c[0], pool, session("c", long, &p1, false)).await;
+    assert_eq!(sessions_live(&c[1], pool).await, 1, "bound afresh");
+    assert_healthy(&c);
+}
+
 /// Label filters: acquires within a subset take only its members (the subset made from the
 /// members sent, then named only), with the pool's caps; a subset whose members are all out of
 /// service has no candidates; a session inside a subset whose bound member left the subset
@@ -1087,6 +1177,7 @@ suite!(
     exclusion_and_no_candidates,
     strategies_rotate,
     sessions_bind_once_and_slide,
+    session_count_follows_bindings,
     session_unavailable_and_rebind,
     new_sessions_pass_over_members_at_their_cap,
     set_member_eligibility_and_returning_score,

@@ -15,6 +15,8 @@ pub mod observe;
 pub mod pipe;
 pub mod respond;
 pub mod socks;
+#[cfg(target_os = "linux")]
+pub mod splice;
 pub mod tunnel;
 
 use std::future::Future;

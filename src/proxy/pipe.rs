@@ -31,6 +31,8 @@ const MAX_BUF_BYTES: usize = 64 * 1024;
 /// How long a busy direction keeps its copy buffer after its last bytes: long enough that a bulk
 /// transfer, whose reads often find nothing for a moment, never gives it back mid-stream.
 const KEEP_BUFFER: Duration = Duration::from_secs(1);
+/// Whether a busy direction between two bare sockets moves its bytes by `splice(2)`.
+const SPLICE: bool = cfg!(target_os = "linux");
 /// First byte of a TLS handshake record (a ClientHello).
 const TLS_HANDSHAKE: u8 = 0x16;
 /// `client_first` before the client sent anything.
@@ -116,14 +118,14 @@ async fn run<CR, CW, UR, UW>(
 ) -> Report
 where
     CR: AsyncRead + Readable + Unpin,
-    CW: AsyncWrite + Unpin,
+    CW: AsyncWrite + Writable + Unpin,
     UR: AsyncRead + Readable + Unpin,
-    UW: AsyncWrite + Unpin,
+    UW: AsyncWrite + Writable + Unpin,
 {
     let mut client_r = Tracked::new(client_r, activity.clone());
     let mut client_w = Tracked::new(client_w, activity.clone());
     let mut up_r = Tracked::new(up_r, activity.clone());
-    let mut up_w = Tracked::new(up_w, activity);
+    let mut up_w = Tracked::new(up_w, activity.clone());
     let start = Instant::now();
     let up_bytes = AtomicU64::new(0);
     let down_bytes = AtomicU64::new(0);
@@ -135,6 +137,7 @@ where
         &up_bytes,
         Some(&client_first),
         tap,
+        &activity,
     );
     let to_client = pump(
         &mut up_r,
@@ -143,6 +146,7 @@ where
         &down_bytes,
         None,
         tap,
+        &activity,
     );
     tokio::pin!(to_upstream, to_client);
 
@@ -214,6 +218,28 @@ impl<T: Readable> Readable for Tracked<T> {
     }
 }
 
+/// A write half whose socket can be written without a buffer (by `splice(2)`): a bare TCP
+/// socket's.
+trait Writable {
+    fn socket(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+impl Writable for tcp::WriteHalf<'_> {
+    fn socket(&self) -> Option<&TcpStream> {
+        Some(self.as_ref())
+    }
+}
+
+impl<T> Writable for tokio::io::WriteHalf<T> {}
+
+impl<T: Writable> Writable for Tracked<T> {
+    fn socket(&self) -> Option<&TcpStream> {
+        self.get_ref().socket()
+    }
+}
+
 /// Copies `r` into `w` until `r` ends, then shuts `w` down. `sides` is (reader's side, writer's
 /// side), to say whose socket failed.
 ///
@@ -229,6 +255,11 @@ impl<T: Readable> Readable for Tracked<T> {
 /// socket's next buffer keeps that size. Neither is zeroed. An idle tunnel so holds at most 128
 /// bytes of buffers rather than two zeroed 16 KiB ones, and a bulk transfer keeps its buffer
 /// while its reads fill it.
+///
+/// On Linux, once a read between two bare sockets fills its buffer, the direction moves its
+/// bytes with `splice(2)` instead ([`crate::proxy::splice`]): no copy through user space, and
+/// no buffer held at all.
+#[allow(clippy::too_many_arguments)]
 async fn pump<R, W>(
     r: &mut R,
     w: &mut W,
@@ -236,17 +267,44 @@ async fn pump<R, W>(
     count: &AtomicU64,
     first: Option<&AtomicU16>,
     tap: Option<&Tap>,
+    activity: &Activity,
 ) -> End
 where
     R: AsyncRead + Readable + Unpin,
-    W: AsyncWrite + Unpin,
+    W: AsyncWrite + Writable + Unpin,
 {
+    let tally = |n: usize| {
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        match (tap, sides.0) {
+            (Some(t), Side::Client) => t.up(n as u64),
+            (Some(t), Side::Upstream) => t.down(n as u64),
+            (None, _) => {}
+        }
+    };
     let mut small = BytesMut::new();
     let mut big: Option<BytesMut> = None;
     // The size of a bare socket's next buffer: grows with reads that fill it.
     let mut next_size = BUF_BYTES;
     let mut ended = false;
+    // Busy between two bare sockets: moving bytes by splice(2).
+    let mut splicing = false;
     while !ended {
+        #[cfg(target_os = "linux")]
+        if splicing && let (Some(from), Some(to)) = (r.socket(), w.socket()) {
+            use crate::proxy::splice::{Spliced, transfer};
+            match transfer(from, to).await {
+                Spliced::Moved(n) => {
+                    activity.touch();
+                    tally(n);
+                    continue;
+                }
+                Spliced::Eof => break,
+                Spliced::ReadFailed(e) => return End::Error(sides.0, e),
+                Spliced::WriteFailed(e) => return End::Error(sides.1, e),
+                // Out of descriptors for a pipe: this chunk is copied.
+                Spliced::NoPipe => {}
+            }
+        }
         let chunk = match big.take() {
             Some(mut buf) => {
                 buf.clear();
@@ -307,15 +365,14 @@ where
         if let Err(e) = w.write_all(bytes).await {
             return End::Error(sides.1, e);
         }
-        count.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        match (tap, sides.0) {
-            (Some(t), Side::Client) => t.up(bytes.len() as u64),
-            (Some(t), Side::Upstream) => t.down(bytes.len() as u64),
-            (None, _) => {}
-        }
+        tally(bytes.len());
         big = chunk.and_then(|buf| {
             let filled = buf.len() == buf.capacity();
-            if !filled && r.socket().is_some() {
+            if filled && SPLICE && r.socket().is_some() && w.socket().is_some() {
+                // Busy between two bare sockets: splice from now on, holding no buffer.
+                splicing = true;
+                None
+            } else if !filled && r.socket().is_some() {
                 // The socket is drained: wait on its readiness without the buffer.
                 next_size = buf.capacity();
                 None
@@ -492,6 +549,9 @@ mod tests {
         let report = run.await.unwrap();
         assert_eq!(report.client_bytes, 11);
         assert_eq!(report.upstream_bytes, data.len() as u64);
+        // The bulk direction went by splice(2): its pipe is back in this thread's cache.
+        #[cfg(target_os = "linux")]
+        assert!(crate::proxy::splice::cached_pipes() >= 1);
     }
 
     #[tokio::test(start_paused = true)]

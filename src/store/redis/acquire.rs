@@ -192,7 +192,7 @@ impl Inner {
             .key(&k.leases)
             .key(&k.lease_up)
             .key(&k.live)
-            .key(&k.sessions)
+            .key(&k.session_count)
             .key(&k.instances)
             .key(&k.held)
             .key(&k.load)

@@ -23,8 +23,12 @@ pub(crate) struct PoolKeys {
     pub live: String,
     /// HASH: `<upstream>\n<outcome>` → count, `<upstream>\nlatency_us`, `<upstream>\nlatency_n`.
     pub stats: String,
-    /// ZSET: session key → expiry (ms), to count live sessions.
-    pub sessions: String,
+    /// HASH: live sessions counted by expiry second (`<s>` → bindings, `n` their sum, `swept`
+    /// the last second dropped), so that `/status` counts them without a per-binding entry.
+    pub session_count: String,
+    /// ZSET: session key → expiry, where versions before `session_count` counted sessions (134
+    /// bytes a binding); `configure.lua` deletes it.
+    pub legacy_sessions: String,
     /// ZSET: instance → deadline (ms) of its report of unlisted leases (`report.lua`).
     pub instances: String,
     /// HASH: instance → its unlisted leases, `<count> <upstream>` lines.
@@ -57,7 +61,8 @@ impl PoolKeys {
             lease_up: key("lease_up"),
             live: key("live"),
             stats: key("stats"),
-            sessions: key("sessions"),
+            session_count: key("session_count"),
+            legacy_sessions: key("sessions"),
             instances: key("instances"),
             held: key("held"),
             load: key("load"),
@@ -101,7 +106,8 @@ mod tests {
             &k.lease_up,
             &k.live,
             &k.stats,
-            &k.sessions,
+            &k.session_count,
+            &k.legacy_sessions,
             &k.instances,
             &k.held,
             &k.load,

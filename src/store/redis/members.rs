@@ -193,13 +193,14 @@ impl Inner {
     pub(super) async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
         let spec = p.spec.load();
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::CONFIGURE, 9);
+        let mut inv = Call::new(&scripts::CONFIGURE, 10);
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
             .key(&k.order)
             .key(&k.leases)
             .key(&k.lease_up)
+            .key(&k.legacy_sessions)
             .key(&k.live)
             .key(&k.load)
             .key(&k.load_of)

@@ -237,4 +237,35 @@ mod tests {
         .collect();
         assert_eq!(hashes.len(), 12);
     }
+
+    /// The session count is written by four scripts: they must agree on its seconds, and the two
+    /// that sweep it on how.
+    #[test]
+    fn session_count_scripts_agree() {
+        let acquire = include_str!("../../../lua/acquire.lua");
+        let status = include_str!("../../../lua/status.lua");
+        let sweep = |text: &str| -> String {
+            let from = text.find("local BUCKET_MS = ").expect("BUCKET_MS");
+            let to = text[from..]
+                .find("  return now_b\nend\n")
+                .expect("sweep_counts")
+                + from;
+            text[from..to].to_string()
+        };
+        assert_eq!(sweep(acquire), sweep(status));
+        let bucket = sweep(acquire)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        for (name, text) in [
+            ("unbind.lua", include_str!("../../../lua/unbind.lua")),
+            (
+                "end_session.lua",
+                include_str!("../../../lua/end_session.lua"),
+            ),
+        ] {
+            assert!(text.contains(&format!("\n{bucket}\n")), "{name}: {bucket}");
+        }
+    }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::conn::Deferred;
 use super::scripts::{self, Call};
-use super::{Fault, Inner, PoolLocal, broken, now_ms};
+use super::{Fault, Inner, PoolLocal, broken};
 use crate::store::{Store, StoreError};
 use crate::upstream::UpstreamId;
 
@@ -75,10 +75,7 @@ impl Inner {
     async fn end_session_remote(&self, p: &PoolLocal, key: &str) -> Result<bool, Fault> {
         let k = &p.keys;
         let mut inv = Call::new(&scripts::END_SESSION, 2);
-        inv.key(&k.session(key))
-            .key(&k.sessions)
-            .arg(key)
-            .arg(now_ms());
+        inv.key(&k.session(key)).key(&k.session_count);
         let n: i64 = self.eval(&inv, self.timeout).await?;
         Ok(n > 0)
     }
@@ -92,9 +89,8 @@ impl Inner {
         let k = &p.keys;
         let mut inv = Call::new(&scripts::UNBIND, 2);
         inv.key(&k.session(key))
-            .key(&k.sessions)
-            .arg(upstream.as_str())
-            .arg(key);
+            .key(&k.session_count)
+            .arg(upstream.as_str());
         let _: i64 = self.eval(&inv, self.timeout).await?;
         Ok(())
     }

@@ -20,7 +20,7 @@ impl Inner {
         let mut inv = Call::new(&scripts::STATUS, 5);
         inv.key(&k.leases)
             .key(&k.lease_up)
-            .key(&k.sessions)
+            .key(&k.session_count)
             .key(&k.instances)
             .key(&k.held)
             .arg(now_ms())
