@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --profile fixture --example scale_bench -- sessions   # 1k, 100k, 1M bindings
 //! cargo run --profile fixture --example scale_bench -- targets    # 10, 1k, 100k targets
+//! cargo run --profile fixture --example scale_bench -- leastconn  # 10, 1k, 10k, 100k members
 //! ```
 //!
 //! **sessions**: for each size N, N live bindings are made through the store API (a session
@@ -22,6 +23,17 @@
 //! to 100,000; each size in a fresh child process, so the resident-set growth is its own.
 //! The health engine is measured directly rather than through a gateway: the per-target state
 //! lives there, and a gateway's request path would drown its cost in sockets.
+//!
+//! **leastconn**: for each member count M, a pool of M members allocating by least-connections
+//! (no cap) is declared on a fresh store, then `LEASTCONN_TASKS` concurrent tasks each loop on
+//! a plain acquire and its release through the store API for `LEASTCONN_SECONDS`; the figure is
+//! pairs completed over the time the run took (a run whose acquires are slow overshoots its
+//! nominal length: every task finishes its pair). On Redis, the commands per pair are
+//! `total_commands_processed` over the run, the commands scripts ran included; the bytes per
+//! member are the `MEMORY USAGE` of the load index (`load`, `load_of`); and on stderr, the time
+//! to declare the pool fresh and again (as an instance starting does), and of one acquire after
+//! the index was dropped (as a declaration by an instance of another strategy does), which
+//! builds it again.
 //!
 //! Times are the same process's wall clock around each call on a shared machine: compare
 //! within a run (the ratios to the smallest size), not across runs.
@@ -66,6 +78,10 @@ const SAMPLE_LIMIT: Duration = Duration::from_secs(20);
 const FILL_LIMIT: Duration = Duration::from_secs(240);
 /// Concurrent acquires while filling Redis.
 const REDIS_FILL_TASKS: usize = 64;
+const LEASTCONN_SIZES: [usize; 4] = [10, 1_000, 10_000, 100_000];
+/// Concurrent acquire/release loops, as in `filter_bench`.
+const LEASTCONN_TASKS: usize = 32;
+const LEASTCONN_SECONDS: u64 = 3;
 
 fn members() -> Vec<UpstreamId> {
     (0..MEMBERS)
@@ -603,6 +619,165 @@ fn targets(sizes: &[usize]) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// A pool of `n` members allocating by least-connections.
+fn leastconn_spec(n: usize) -> PoolSpec {
+    PoolSpec {
+        name: POOL.into(),
+        members: (0..n)
+            .map(|i| {
+                UpstreamId::new(format!(
+                    "http://10.{}.{}.{}:3128",
+                    i >> 16,
+                    (i >> 8) & 255,
+                    i & 255
+                ))
+            })
+            .collect(),
+        strategy: Strategy::LeastConnections,
+        max_concurrency: None,
+        lease_ttl: Duration::from_secs(60),
+    }
+}
+
+/// Acquire/release pairs completed by `LEASTCONN_TASKS` loops on `store`'s pool, and the time
+/// they took.
+async fn leastconn_run(store: Arc<AnyStore>) -> Result<(u64, Duration), BoxError> {
+    leastconn_pairs(store, LEASTCONN_TASKS, u64::MAX).await
+}
+
+/// Pairs completed by `tasks` loops of at most `each` pairs, for at most `LEASTCONN_SECONDS`.
+async fn leastconn_pairs(
+    store: Arc<AnyStore>,
+    tasks: usize,
+    each: u64,
+) -> Result<(u64, Duration), BoxError> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(LEASTCONN_SECONDS);
+    let pairs = Arc::new(AtomicU64::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..tasks {
+        let (store, pairs) = (store.clone(), pairs.clone());
+        set.spawn(async move {
+            let mut n = 0u64;
+            while n < each && Instant::now() < deadline {
+                n += 1;
+                if n % 64 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                let want = Want::Any {
+                    exclude: &[],
+                    within: None,
+                };
+                let Acquired::Granted(g) = store.acquire(POOL, want).await? else {
+                    return Err::<(), BoxError>("no grant without a cap".into());
+                };
+                store
+                    .release(POOL, &g.upstream, g.lease, Outcome::Ok, Duration::ZERO)
+                    .await?;
+                pairs.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    if store.health() != "ok" {
+        return Err("the store went degraded during the run".into());
+    }
+    Ok((pairs.load(Ordering::Relaxed), started.elapsed()))
+}
+
+async fn leastconn(sizes: &[usize], stores: &str) -> Result<(), BoxError> {
+    let started = Instant::now();
+    println!(
+        "least-connections, no cap: {LEASTCONN_TASKS} tasks, {LEASTCONN_SECONDS} s a run\nstore | members | pairs/s (x) | Redis commands per pair | load index B per member"
+    );
+    let server = if stores != "memory" {
+        Some(Server::start()?)
+    } else {
+        None
+    };
+    for store_kind in ["memory", "redis"] {
+        if !stores.is_empty() && stores != store_kind {
+            continue;
+        }
+        let mut base = None;
+        for &n in sizes {
+            let (store, port) = match (store_kind, &server) {
+                ("redis", Some(server)) => {
+                    redis_cli(server.1, &["FLUSHALL"])?;
+                    let store = AnyStore::Redis(RedisStore::new(RedisSettings {
+                        url: format!("redis://127.0.0.1:{}", server.1),
+                        // The slow runs (one walk of the pool per acquire) must not degrade.
+                        timeout: Duration::from_secs(120),
+                        key_prefix: poolgate::store::redis::DEFAULT_KEY_PREFIX.into(),
+                        instance_id: format!("scale-{}", std::process::id()),
+                        tls: Default::default(),
+                    })?);
+                    (store, Some(server))
+                }
+                _ => (AnyStore::Memory(MemoryStore::new()), None),
+            };
+            let store = Arc::new(store);
+            let t = Instant::now();
+            store.configure(leastconn_spec(n)).await?;
+            let configured = t.elapsed();
+            // Declared again with the same members, as by an instance starting.
+            let t = Instant::now();
+            store.configure(leastconn_spec(n)).await?;
+            let again = t.elapsed();
+            let before = port.map(|s| s.commands()).transpose()?;
+            let (pairs, took) = leastconn_run(store.clone()).await?;
+            let after = port.map(|s| s.commands()).transpose()?;
+            let rate = pairs as f64 / took.as_secs_f64();
+            let per_pair = match (before, after) {
+                (Some(b), Some(a)) => format!("{:.1}", (a - b) as f64 / pairs.max(1) as f64),
+                _ => "-".into(),
+            };
+            // The least-connections load index (`load` and `load_of`), where the store keeps one.
+            let index = match port {
+                Some(server) => {
+                    let prefix = poolgate::store::redis::DEFAULT_KEY_PREFIX;
+                    let keys = ["load", "load_of"].map(|k| format!("{prefix}:{{{POOL}}}:{k}"));
+                    let bytes: u64 = memory_usage(server.1, &keys)
+                        .unwrap_or_default()
+                        .iter()
+                        .sum();
+                    format!("{:.0}", bytes as f64 / n as f64)
+                }
+                None => "-".into(),
+            };
+            let base_rate = *base.get_or_insert(rate);
+            println!(
+                "{store_kind} | {} | {rate:.0} ({:.2}x) | {per_pair} | {index}",
+                size_name(n),
+                rate / base_rate
+            );
+            eprintln!(
+                "{store_kind} {n}: declared in {configured:.0?}, declared again in {again:.0?}"
+            );
+            if let Some(server) = port {
+                // As if an instance of another strategy had declared the pool last: the next
+                // acquire builds the index again.
+                let prefix = poolgate::store::redis::DEFAULT_KEY_PREFIX;
+                redis_cli(
+                    server.1,
+                    &["HDEL", &format!("{prefix}:{{{POOL}}}:meta"), "load"],
+                )?;
+                let t = Instant::now();
+                let (pairs, _) = leastconn_pairs(store.clone(), 1, 1).await?;
+                eprintln!(
+                    "{store_kind} {n}: {pairs} acquire/release after the index was dropped: {:.0?}",
+                    t.elapsed()
+                );
+            }
+        }
+    }
+    println!("({:.0?} in all)", started.elapsed());
+    Ok(())
+}
+
 fn parse_sizes(arg: Option<&String>, default: &[usize]) -> Result<Vec<usize>, BoxError> {
     match arg {
         None => Ok(default.to_vec()),
@@ -626,6 +801,13 @@ async fn main() -> Result<(), BoxError> {
             sessions(&sizes, arg(2)).await
         }
         ("targets", _) => targets(&parse_sizes(args.get(1), &TARGET_SIZES)?),
-        _ => Err("usage: scale_bench sessions [sizes [memory|redis]] | targets [sizes]".into()),
+        ("leastconn", _) => {
+            let sizes = parse_sizes(args.get(1), &LEASTCONN_SIZES)?;
+            leastconn(&sizes, arg(2)).await
+        }
+        _ => Err(
+            "usage: scale_bench sessions [sizes [memory|redis]] | targets [sizes] | leastconn [sizes [memory|redis]]"
+                .into(),
+        ),
     }
 }

@@ -77,6 +77,8 @@ async fn acquire(
         "sessions",
         "instances",
         "held",
+        "load",
+        "load_of",
     ] {
         inv.key(key(k));
     }
@@ -118,7 +120,16 @@ async fn release(
     with_stats: bool,
 ) -> Result<(), BoxError> {
     let mut inv = script.prepare_invoke();
-    for k in ["leases", "lease_up", "live", "stats"] {
+    for k in [
+        "leases",
+        "lease_up",
+        "live",
+        "stats",
+        "instances",
+        "held",
+        "load",
+        "load_of",
+    ] {
         inv.key(key(k));
     }
     inv.arg(0).arg(key("events")).arg(leases.len());
@@ -156,9 +167,13 @@ async fn main() -> Result<(), BoxError> {
     let release_lua = Script::new(include_str!("../lua/release.lua"));
 
     let mut inv = configure.prepare_invoke();
-    for k in ["meta", "state", "members", "order", "leases", "lease_up"] {
+    for k in [
+        "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
+        "load_of",
+    ] {
         inv.key(key(k));
     }
+    inv.arg("least-used");
     for i in 0..args.upstreams {
         inv.arg(format!("http://127.0.0.1:{}", 20_000 + i));
     }

@@ -5,10 +5,12 @@
 -- the same new key agree, because the second one finds the first one's binding. Any other request
 -- takes the pool's strategy over the eligible members that are below their concurrency cap:
 -- least-used / weighted (lowest allocation score; the score grows by the member's cost per
--- lease), least-connections (fewest live leases x cost) or round-robin (a cursor in the meta
--- hash). Expired leases (their gateway died) are purged first, so their capacity is back.
+-- lease), least-connections (fewest live leases x cost, read in order from the load index) or
+-- round-robin (a cursor in the meta hash). Expired leases (their gateway died) are purged first,
+-- so their capacity is back.
 --
--- KEYS[1]  meta      HASH    rr = round-robin cursor; the key exists once the pool is configured
+-- KEYS[1]  meta      HASH    rr = round-robin cursor, load = "1" while the load index is kept;
+--                            the key exists once the pool is configured
 -- KEYS[2]  state     HASH    upstream -> "e|k|c|s|r": eligible, keeps sessions, cost,
 --                            saved allocation score (while not eligible), round-robin credit
 -- KEYS[3]  members   ZSET    eligible upstream -> allocation score
@@ -19,9 +21,12 @@
 -- KEYS[8]  session_count HASH  live sessions by expiry second, for status (see the session mode)
 -- KEYS[9]  instances ZSET    instance -> deadline (ms) of its report (see report.lua)
 -- KEYS[10] held      HASH    instance -> its unlisted leases, "<count> <upstream>" lines
--- KEYS[11] sess      STRING  the session's upstream, PXAT = now + session TTL (session modes only)
--- KEYS[11] subset    ZSET    a label filter's members -> allocations through the filter
---                            (within mode; KEYS[12] in session-within mode)
+-- KEYS[11] load      ZSET    the load index: "<allocs><pos><upstream>" -> listed live x cost,
+--                            one entry per eligible member while meta `load` is "1" (below)
+-- KEYS[12] load_of   HASH    upstream -> "<cost> <its entry in load>"
+-- KEYS[13] sess      STRING  the session's upstream, PXAT = now + session TTL (session modes only)
+-- KEYS[13] subset    ZSET    a label filter's members -> allocations through the filter
+--                            (within mode; KEYS[14] in session-within mode)
 --
 -- ARGV[1]  now (ms)           ARGV[2]  lease id (chosen by the caller, unique), or "-"
 -- ARGV[3]  lease deadline (ms, after now)   ARGV[4]  cap: live leases per upstream (0 = none)
@@ -66,6 +71,18 @@
 -- counts, the counts other gateways reported are added (a pool that gained a cap by a reload
 -- still has some).
 --
+-- The load index orders the eligible members as least-connections ranks them: by score, the
+-- listed live leases x cost; then by entry, whose fixed-width prefix is the allocation score (17
+-- digits) and the configured position (8 digits). So a least-connections acquire reads members
+-- from the least loaded on and stops at the first one it may take, instead of weighing every
+-- member. It is kept while meta `load` is "1": configure.lua builds it for a least-connections
+-- pool and drops it for any other (so its upkeep costs other pools nothing); a least-connections
+-- acquire that finds it missing (a gateway of another strategy declared the pool last) builds it
+-- from the state. Every script that changes an input while it is kept moves the member's entry:
+-- here a grant and the purge, release.lua, set_member.lua. Unlisted leases other gateways report
+-- are not in it: they only raise a load, so the walk below adds them and goes on past the
+-- members that have some, and a report that lapses needs no write.
+--
 -- Numbers go to Redis as the caller's strings where they can: Redis 7.0 formats every Lua number
 -- argument with printf("%.17g"), which was a tenth of this script's cost.
 
@@ -80,7 +97,7 @@ local channel = ARGV[6]
 local mode = ARGV[7]
 
 -- Validate everything before the first write: Redis does not roll back a half-run script.
-if #KEYS < 10 or not now or not deadline or deadline <= now or not cap or cap < 0
+if #KEYS < 12 or not now or not deadline or deadline <= now or not cap or cap < 0
     or not channel or (mode ~= 'many' and (not lease or lease == '')) then
   return redis.error_reply('ERR acquire: bad arguments')
 end
@@ -97,25 +114,25 @@ if mode == 'session' or mode == 'session-within' then
   sess_ttl = tonumber(ARGV[8])
   rebind = ARGV[9] == '1'
   skey = ARGV[10]
-  if #KEYS < 11 or not sess_ttl or sess_ttl <= 0 or not skey or skey == '' then
+  if #KEYS < 13 or not sess_ttl or sess_ttl <= 0 or not skey or skey == '' then
     return redis.error_reply('ERR acquire: bad session arguments')
   end
   if mode == 'session-within' then
     local p = tonumber(ARGV[11])
-    if #KEYS < 12 or not p or p < 0 or 11 + p > #ARGV then
+    if #KEYS < 14 or not p or p < 0 or 11 + p > #ARGV then
       return redis.error_reply('ERR acquire: bad session-within arguments')
     end
-    sub = KEYS[12]
+    sub = KEYS[14]
     pref_first, pref_last = 12, 11 + p
     sub_first = 12 + p
     mode = 'session'
   end
 elseif mode == 'within' then
   local e = tonumber(ARGV[8])
-  if #KEYS < 11 or not e or e < 0 or 8 + e > #ARGV then
+  if #KEYS < 13 or not e or e < 0 or 8 + e > #ARGV then
     return redis.error_reply('ERR acquire: bad within arguments')
   end
-  sub = KEYS[11]
+  sub = KEYS[13]
   excl_first, excl_last = 9, 8 + e
   sub_first = 9 + e
   mode = 'any'
@@ -142,6 +159,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'unconfigured'}
 end
 
+local indexed = redis.call('HGET', KEYS[1], 'load') == '1'
 local CHUNK = 64
 local PURGE_MAX = '1000'
 local SUBSET_TTL = '86400000'
@@ -186,6 +204,67 @@ local function encode(m)
     .. '|' .. string.format('%.0f', m.s) .. '|' .. string.format('%d', m.r)
 end
 
+-- A member's entry in the load index (see the header): its allocation score and configured
+-- position, fixed width, then its id.
+local function entry_of(allocs, pos, up)
+  return string.format('%017.0f%08d', allocs, pos) .. up
+end
+
+-- Moves `up`'s entry in the load index to its allocation score `allocs` and listed live count
+-- `n` (each read here when nil). A member without an entry is not in the index: not eligible,
+-- or the index is not kept.
+local function reindex(up, allocs, n)
+  local cur = redis.call('HGET', KEYS[12], up)
+  if not cur then return end
+  local c, old = string.match(cur, '^(%d+) (.*)$')
+  local entry = old
+  if allocs then
+    entry = entry_of(tonumber(allocs), tonumber(string.sub(old, 18, 25)), up)
+    if entry ~= old then
+      redis.call('ZREM', KEYS[11], old)
+      redis.call('HSET', KEYS[12], up, c .. ' ' .. entry)
+    end
+  end
+  n = tonumber(n or redis.call('HGET', KEYS[7], up) or '0')
+  redis.call('ZADD', KEYS[11], string.format('%.0f', math.max(n, 0) * tonumber(c)), entry)
+end
+
+-- Builds the load index from the state (see the header): the eligible members, their
+-- allocation scores, positions, costs and listed live counts.
+local function build_index()
+  redis.call('DEL', KEYS[11], KEYS[12])
+  local live_of, pos_of = {}, {}
+  local flat = redis.call('HGETALL', KEYS[7])
+  for i = 1, #flat, 2 do live_of[flat[i]] = tonumber(flat[i + 1]) end
+  flat = redis.call('ZRANGE', KEYS[4], '0', '-1', 'WITHSCORES')
+  for i = 1, #flat, 2 do pos_of[flat[i]] = tonumber(flat[i + 1]) end
+  flat = redis.call('ZRANGE', KEYS[3], '0', '-1', 'WITHSCORES')
+  local scores, entries = {}, {}
+  for i = 1, #flat, 2 do
+    local up = flat[i]
+    local m = decode(redis.call('HGET', KEYS[2], up))
+    if m and m.e then
+      local c = math.max(m.c, 1)
+      local entry = entry_of(tonumber(flat[i + 1]), pos_of[up] or 0, up)
+      scores[#scores + 1] = string.format('%.0f', math.max(live_of[up] or 0, 0) * c)
+      scores[#scores + 1] = entry
+      entries[#entries + 1] = up
+      entries[#entries + 1] = string.format('%d', c) .. ' ' .. entry
+    end
+    if #scores >= 1000 then
+      redis.call('ZADD', KEYS[11], unpack(scores))
+      redis.call('HSET', KEYS[12], unpack(entries))
+      scores, entries = {}, {}
+    end
+  end
+  if #scores > 0 then
+    redis.call('ZADD', KEYS[11], unpack(scores))
+    redis.call('HSET', KEYS[12], unpack(entries))
+  end
+  redis.call('HSET', KEYS[1], 'load', '1')
+  indexed = true
+end
+
 -- Members' states as read and decoded in this run: the acquires of one batch ask for the same
 -- few members again and again. Every write of a state in this script encodes the very table held
 -- here, so it never goes stale.
@@ -203,11 +282,19 @@ end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_s, 'LIMIT', '0', PURGE_MAX)
 if #expired > 0 then
   local ups = redis.call('HMGET', KEYS[6], unpack(expired))
+  local dropped = {}
   for _, up in ipairs(ups) do
     if up then
-      if redis.call('HINCRBY', KEYS[7], up, '-1') <= 0 then
+      local n = redis.call('HINCRBY', KEYS[7], up, '-1')
+      if n <= 0 then
         redis.call('HDEL', KEYS[7], up)
       end
+      dropped[up] = n
+    end
+  end
+  if indexed then
+    for up, n in pairs(dropped) do
+      reindex(up, nil, n)
     end
   end
   redis.call('HDEL', KEYS[6], unpack(expired))
@@ -258,10 +345,11 @@ local function cap_reply()
 end
 
 -- Counts an allocation of `up`: the score grows by the member's cost (in the members ZSET while
--- it is eligible, else in its saved score).
+-- it is eligible, else in its saved score). Returns the new score of an eligible member.
 local function count_allocation(up, m)
+  local score
   if m.e then
-    redis.call('ZINCRBY', KEYS[3], m.step, up)
+    score = redis.call('ZINCRBY', KEYS[3], m.step, up)
   else
     m.s = m.s + math.max(m.c, 1)
     redis.call('HSET', KEYS[2], up, encode(m))
@@ -269,21 +357,24 @@ local function count_allocation(up, m)
   if sub and mode == 'any' and (strategy == 'least-used' or strategy == 'weighted') then
     redis.call('ZINCRBY', sub, m.step, up)
   end
+  return score
 end
 
 -- Leases `up` and counts the allocation. The lease id is claimed first, so an id in use gets nil
 -- and nothing of the grant is written. Ids are 63 random bits: that is a caller bug.
 local function grant(up, m, bound_now)
   if lease == '-' then
-    count_allocation(up, m)
+    local score = count_allocation(up, m)
+    if indexed and score then reindex(up, score, nil) end
     return {'granted', up, bound_now}
   end
   if redis.call('HSETNX', KEYS[6], lease, up) == 0 then
     return nil
   end
-  count_allocation(up, m)
+  local score = count_allocation(up, m)
   redis.call('ZADD', KEYS[5], deadline_s, lease)
-  redis.call('HINCRBY', KEYS[7], up, '1')
+  local n = redis.call('HINCRBY', KEYS[7], up, '1')
+  if indexed and score then reindex(up, score, n) end
   return {'granted', up, bound_now}
 end
 
@@ -373,7 +464,7 @@ if mode == 'session' then
     end
     redis.call('HINCRBY', counts, 'n', '-1')
   end
-  local bound = redis.call('GET', KEYS[11])
+  local bound = redis.call('GET', KEYS[13])
   if bound then
     local m = state_of(bound)
     -- A member whose labels no longer match left the filter: as if it left the pool.
@@ -387,8 +478,8 @@ if mode == 'session' then
       end
       local granted = grant(bound, m, '0')
       if not granted then return in_use() end
-      local old = redis.call('PEXPIRETIME', KEYS[11])
-      redis.call('PEXPIREAT', KEYS[11], expiry_s)
+      local old = redis.call('PEXPIRETIME', KEYS[13])
+      redis.call('PEXPIREAT', KEYS[13], expiry_s)
       if old <= 0 or bucket_of(old) ~= b_new then
         uncount(old)
         count_in(b_new)
@@ -398,8 +489,8 @@ if mode == 'session' then
     if not rebind then
       return {'unavailable', bound}
     end
-    uncount(redis.call('PEXPIRETIME', KEYS[11]))
-    redis.call('DEL', KEYS[11])
+    uncount(redis.call('PEXPIRETIME', KEYS[13]))
+    redis.call('DEL', KEYS[13])
   end
   -- A new binding: the first preferred member in service that has room. One at its cap is no
   -- candidate; only when every eligible one is at its cap does the session wait.
@@ -412,7 +503,7 @@ if mode == 'session' then
     elseif m and m.e then
       local granted = grant(up, m, '1')
       if not granted then return in_use() end
-      redis.call('SET', KEYS[11], up, 'PXAT', expiry_s)
+      redis.call('SET', KEYS[13], up, 'PXAT', expiry_s)
       count_in(b_new)
       return granted
     end
@@ -531,20 +622,54 @@ local function pick()
       return granted
     end
   elseif strategy == 'least-connections' then
-    -- Fewest live leases x cost, then fewest allocations, then configured order.
-    local best, best_m, best_load, best_allocs
-    each_member(KEYS[4], function(up, m)
-      if not m.e then return nil end
-      saw = true
-      local l = live(up)
-      if cap == 0 or l < cap then
-        local load = l * math.max(m.c, 1)
-        local allocs = tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s)
-        if not best or load < best_load or (load == best_load and allocs < best_allocs) then
-          best, best_m, best_load, best_allocs = up, m, load, allocs
+    -- Fewest live leases x cost, then fewest allocations, then configured order: the load
+    -- index's order, read from its start. An entry's key there is a floor of the member's own
+    -- (the reported leases only add to it), so once the best candidate so far is no greater than
+    -- the next entry's key, no member after it can beat it; without reports that is the first
+    -- candidate. The walk passes over the members excluded, at their cap or with reported leases.
+    if not indexed then
+      build_index()
+    end
+    local best, best_m, best_key
+    local function less(a, b)
+      return a[1] < b[1] or (a[1] == b[1] and (a[2] < b[2] or (a[2] == b[2] and a[3] < b[3])))
+    end
+    local start, size, done = 0, 8, false
+    while not done do
+      local lo, hi = range(start, size)
+      local batch = redis.call('ZRANGE', KEYS[11], lo, hi, 'WITHSCORES')
+      if #batch == 0 then break end
+      for i = 1, #batch, 2 do
+        local entry = batch[i]
+        local floor = {tonumber(batch[i + 1]), tonumber(string.sub(entry, 1, 17)),
+                       tonumber(string.sub(entry, 18, 25))}
+        if best and not less(floor, best_key) then
+          done = true
+          break
+        end
+        local up = string.sub(entry, 26)
+        if not exclude[up] then
+          local m = state_of(up)
+          if m and m.e then
+            saw = true
+            local l = live(up)
+            if cap == 0 or l < cap then
+              local key = {l * math.max(m.c, 1), floor[2], floor[3]}
+              if not best or less(key, best_key) then
+                best, best_m, best_key = up, m, key
+              end
+              -- Its own key is the floor: nothing after it is less.
+              if key[1] <= floor[1] then
+                done = true
+                break
+              end
+            end
+          end
         end
       end
-    end)
+      start = start + size
+      size = CHUNK
+    end
     if best then
       return grant(best, best_m, '0') or in_use()
     end
@@ -614,6 +739,8 @@ local function many_least_used()
     end
   end
   local lease_pairs, deadline_pairs = {}, {}
+  -- Members whose load index entry moves once the batch is counted: their new scores.
+  local moved = {}
   local replies = {}
   for i = 1, #ARGV - first + 1 do
     local id = ARGV[first + i - 1]
@@ -636,7 +763,8 @@ local function many_least_used()
         if chosen then up, m = chosen[1], chosen[2] end
       end
       if m then
-        count_allocation(up, m)
+        local score = count_allocation(up, m)
+        if indexed and score then moved[up] = score end
         if recorded then
           claimed[id] = true
           pending[up] = (pending[up] or 0) + 1
@@ -664,6 +792,9 @@ local function many_least_used()
     for up, count in pairs(pending) do
       redis.call('HINCRBY', KEYS[7], up, string.format('%d', count))
     end
+  end
+  for up, score in pairs(moved) do
+    reindex(up, score, nil)
   end
   return replies
 end

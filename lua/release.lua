@@ -18,8 +18,11 @@
 -- KEYS[3]  live      HASH  upstream -> live lease count
 -- KEYS[4]  stats     HASH  "<upstream>\n<outcome>" -> count, "<upstream>\nlatency_us" -> sum,
 --                          "<upstream>\nlatency_n" -> count
--- KEYS[5]  instances ZSET  instance -> deadline (ms) of its report (see report.lua)
--- KEYS[6]  held      HASH  instance -> its unlisted leases, "<count> <upstream>" lines
+-- KEYS[5]  instances ZSET  instance -> deadline (ms) of its report (see report.lua); read with a cap
+-- KEYS[6]  held      HASH  instance -> its unlisted leases, "<count> <upstream>" lines; read with a cap
+-- KEYS[7]  load      ZSET  the load index of least-connections (see acquire.lua): a member's
+--                          entry there moves with its live count
+-- KEYS[8]  load_of   HASH  upstream -> "<cost> <its entry in load>"
 --
 -- ARGV[1]  cap: live leases per upstream (0 = none)
 -- ARGV[2]  events channel
@@ -36,14 +39,14 @@ local cap = tonumber(ARGV[1])
 local channel = ARGV[2]
 local n = tonumber(ARGV[3])
 local first_stat = n and 4 + n
--- With a cap, the last argument is the time (and KEYS[5], KEYS[6] the reports).
+-- With a cap, the last argument is the time (and KEYS[5], KEYS[6] hold the reports).
 local now = cap and cap > 0 and tonumber(ARGV[#ARGV])
 local last_stat = (cap and cap > 0) and #ARGV - 1 or #ARGV
 local stats = first_stat and last_stat - first_stat + 1
 
 -- Validate everything before the first write: Redis does not roll back a half-run script.
-if #KEYS < 4 or not cap or not channel or not n or n < 0 or n ~= math.floor(n)
-    or stats < 0 or stats % 2 ~= 0 or (cap > 0 and (#KEYS < 6 or not now)) then
+if #KEYS < 8 or not cap or not channel or not n or n < 0 or n ~= math.floor(n)
+    or stats < 0 or stats % 2 ~= 0 or (cap > 0 and not now) then
   return redis.error_reply('ERR release: bad arguments')
 end
 local ids = {}
@@ -104,11 +107,18 @@ local freed = false
 if #ended > 0 then
   redis.call('ZREM', KEYS[1], unpack(ended))
   redis.call('HDEL', KEYS[2], unpack(ended))
-  for _, owner in ipairs(order) do
+  -- The owners' load index entries: none unless the index is kept and the owner is eligible.
+  local indexed = redis.call('HMGET', KEYS[8], unpack(order))
+  for i, owner in ipairs(order) do
     local d = drops[owner]
     local after = redis.call('HINCRBY', KEYS[3], owner, d == 1 and '-1' or string.format('%d', -d))
     if after <= 0 then
       redis.call('HDEL', KEYS[3], owner)
+    end
+    local cur = indexed[i]
+    if cur then
+      local c, entry = string.match(cur, '^(%d+) (.*)$')
+      redis.call('ZADD', KEYS[7], string.format('%.0f', math.max(after, 0) * tonumber(c)), entry)
     end
     if cap > 0 and not freed then
       local others = held(owner)

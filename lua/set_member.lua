@@ -6,9 +6,14 @@
 -- published on the pool's channel as "m\n<origin>\n<upstream>\n<eligible>\n<keeps>\n<cost>" so
 -- other gateways hear of it and requests waiting for capacity try again.
 --
--- KEYS[1]  meta     HASH  exists once the pool is configured
+-- KEYS[1]  meta     HASH  exists once the pool is configured; load = "1" while the load index is kept
 -- KEYS[2]  state    HASH  upstream -> "e|k|c|s|r" (see acquire.lua)
 -- KEYS[3]  members  ZSET  eligible upstream -> allocation score
+-- KEYS[4]  order    ZSET  upstream -> position in the configured list
+-- KEYS[5]  live     HASH  upstream -> live lease count
+-- KEYS[6]  load     ZSET  the load index of least-connections (see acquire.lua): an eligible
+--                         member's entry, made, moved to its cost or removed here
+-- KEYS[7]  load_of  HASH  upstream -> "<cost> <its entry in load>"
 --
 -- ARGV[1]  upstream
 -- ARGV[2]  eligible (0|1)    ARGV[3]  keeps sessions (0|1)    ARGV[4]  cost (>= 1)
@@ -30,7 +35,7 @@ local c = tonumber(ARGV[4])
 local channel = ARGV[5]
 local origin = ARGV[6]
 
-if #KEYS < 3 or not up or up == '' or not c or c < 1 or c ~= math.floor(c) or not channel
+if #KEYS < 7 or not up or up == '' or not c or c < 1 or c ~= math.floor(c) or not channel
     or not origin then
   return redis.error_reply('ERR set_member: bad arguments')
 end
@@ -75,6 +80,24 @@ elseif e and not was then
 end
 redis.call('HSET', KEYS[2], up, (e and '1' or '0') .. '|' .. (k and '1' or '0') .. '|'
   .. string.format('%d', c) .. '|' .. string.format('%.0f', saved) .. '|0')
+
+-- The member's load index entry, when the index is kept: made afresh from its allocation score,
+-- position, cost and live count while it is eligible, else removed.
+if redis.call('HGET', KEYS[1], 'load') == '1' then
+  local cur = redis.call('HGET', KEYS[7], up)
+  if cur then
+    redis.call('ZREM', KEYS[6], string.match(cur, '^%d+ (.*)$'))
+    redis.call('HDEL', KEYS[7], up)
+  end
+  if e then
+    local allocs = tonumber(redis.call('ZSCORE', KEYS[3], up) or '0')
+    local pos = tonumber(redis.call('ZSCORE', KEYS[4], up) or '0')
+    local n = tonumber(redis.call('HGET', KEYS[5], up) or '0')
+    local entry = string.format('%017.0f%08d', allocs, pos) .. up
+    redis.call('ZADD', KEYS[6], string.format('%.0f', math.max(n, 0) * c), entry)
+    redis.call('HSET', KEYS[7], up, string.format('%d', c) .. ' ' .. entry)
+  end
+end
 
 if was ~= e or (ok_ == '1') ~= k or tonumber(oc) ~= c then
   redis.call('PUBLISH', channel, 'm\n' .. origin .. '\n' .. up .. '\n' .. (e and '1' or '0')

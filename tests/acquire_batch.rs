@@ -64,6 +64,8 @@ fn keys(tag: &str) -> Vec<String> {
         "session_count",
         "instances",
         "held",
+        "load",
+        "load_of",
     ]
     .iter()
     .map(|k| format!("t:{{{tag}}}:{k}"))

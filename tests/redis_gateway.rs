@@ -529,7 +529,7 @@ async fn unlisted_leases_show_on_every_instance_and_lapse_with_their_gateway() {
 
 /// Whether `call` (as [`common::redis_server::Monitor::calls_from`] gives it) is one a gateway
 /// sends about once a second after it served requests, not polling: the exchange statistics that
-/// waited, alone (`release.lua` with no lease, ARGV[3] = 0), or the report of its unlisted leases
+/// waited, alone (`release.lua` with no lease, ARGV[3] = 0, after its 8 keys), or the report of its unlisted leases
 /// (`report.lua`); or the `SCRIPT LOAD` of either, which follows a `NOSCRIPT` from a fresh Redis.
 fn periodic_call(call: &[String]) -> bool {
     const RELEASE: &str = include_str!("../lua/release.lua");
@@ -538,7 +538,7 @@ fn periodic_call(call: &[String]) -> bool {
     match call {
         [evalsha, sha, rest @ ..] if evalsha == "EVALSHA" => {
             *sha == report.get_hash()
-                || (*sha == release.get_hash() && rest.get(7).is_some_and(|n| n == "0"))
+                || (*sha == release.get_hash() && rest.get(11).is_some_and(|n| n == "0"))
         }
         // MONITOR shows the body escaped (its quotes split it here): compare its first line.
         [script, load, body, ..] if script == "SCRIPT" && load == "LOAD" => [RELEASE, REPORT]

@@ -39,7 +39,16 @@ async fn setup(c: &mut MultiplexedConnection, tag: &str, unlisted: u32, now: u64
 async fn release(c: &mut MultiplexedConnection, tag: &str, cap: u32, now: u64) -> i64 {
     let script = redis::Script::new(RELEASE);
     let mut inv = script.prepare_invoke();
-    for k in ["leases", "lease_up", "live", "stats", "instances", "held"] {
+    for k in [
+        "leases",
+        "lease_up",
+        "live",
+        "stats",
+        "instances",
+        "held",
+        "load",
+        "load_of",
+    ] {
         inv.key(key(tag, k));
     }
     inv.arg(cap)
@@ -98,9 +107,13 @@ async fn configure_keeps_the_round_robin_cursor_across_instance_starts() {
     let script = redis::Script::new(CONFIGURE);
     let configure = |members: &[&str]| {
         let mut inv = script.prepare_invoke();
-        for k in ["meta", "state", "members", "order", "leases", "lease_up"] {
+        for k in [
+            "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
+            "load_of",
+        ] {
             inv.key(key(tag, k));
         }
+        inv.arg("round-robin");
         for m in members {
             inv.arg(*m);
         }

@@ -47,10 +47,12 @@ impl Scripts {
     async fn configure(&mut self, members: &[&str]) {
         let mut inv = self.configure.prepare_invoke();
         for k in [
-            "meta", "state", "members", "order", "leases", "lease_up", "sessions",
+            "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
+            "load_of",
         ] {
             inv.key(key(k));
         }
+        inv.arg("least-used");
         for m in members {
             inv.arg(*m);
         }
@@ -71,6 +73,8 @@ impl Scripts {
             "session_count",
             "instances",
             "held",
+            "load",
+            "load_of",
         ] {
             inv.key(key(k));
         }

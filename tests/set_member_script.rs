@@ -15,8 +15,11 @@ use redis::aio::MultiplexedConnection;
 const SCRIPT: &str = include_str!("../lua/set_member.lua");
 const UP: &str = "http://u1";
 
-fn keys(tag: &str) -> [String; 3] {
-    ["meta", "state", "members"].map(|k| format!("t:{{{tag}}}:{k}"))
+fn keys(tag: &str) -> [String; 7] {
+    [
+        "meta", "state", "members", "order", "live", "load", "load_of",
+    ]
+    .map(|k| format!("t:{{{tag}}}:{k}"))
 }
 
 /// A pool with `UP` in the given state (`e|k|c|s|r`) and another member in service at score 7.

@@ -184,7 +184,7 @@ impl Inner {
         let spec = p.spec.load();
         let k = &p.keys;
         let extra = usize::from(session.is_some()) + usize::from(subset.is_some());
-        let mut inv = Call::new(&scripts::ACQUIRE, 10 + extra);
+        let mut inv = Call::new(&scripts::ACQUIRE, 12 + extra);
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
@@ -194,7 +194,9 @@ impl Inner {
             .key(&k.live)
             .key(&k.session_count)
             .key(&k.instances)
-            .key(&k.held);
+            .key(&k.held)
+            .key(&k.load)
+            .key(&k.load_of);
         if let Some(key) = session {
             inv.key(&k.session(key));
         }

@@ -33,6 +33,11 @@ pub(crate) struct PoolKeys {
     pub instances: String,
     /// HASH: instance → its unlisted leases, `<count> <upstream>` lines.
     pub held: String,
+    /// ZSET: the load index of least-connections, `<allocs><pos><upstream>` → listed live ×
+    /// cost, one entry per eligible member while `meta` field `load` is `1` (`acquire.lua`).
+    pub load: String,
+    /// HASH: upstream → `<cost> <its entry in load>`.
+    pub load_of: String,
     /// Pub/sub channel of the pool's events.
     pub events: String,
     /// STRING: the members the pool's upstream lists contribute, one URL a line (`listed_put.lua`).
@@ -60,6 +65,8 @@ impl PoolKeys {
             legacy_sessions: key("sessions"),
             instances: key("instances"),
             held: key("held"),
+            load: key("load"),
+            load_of: key("load_of"),
             events: key("events"),
             listed: key("listed"),
             sess_prefix: key("sess:"),
@@ -103,6 +110,8 @@ mod tests {
             &k.legacy_sessions,
             &k.instances,
             &k.held,
+            &k.load,
+            &k.load_of,
             &k.events,
             &k.listed,
             &k.session("s1"),

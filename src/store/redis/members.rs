@@ -193,14 +193,18 @@ impl Inner {
     pub(super) async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
         let spec = p.spec.load();
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::CONFIGURE, 7);
+        let mut inv = Call::new(&scripts::CONFIGURE, 10);
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
             .key(&k.order)
             .key(&k.leases)
             .key(&k.lease_up)
-            .key(&k.legacy_sessions);
+            .key(&k.legacy_sessions)
+            .key(&k.live)
+            .key(&k.load)
+            .key(&k.load_of)
+            .arg(spec.strategy.as_str());
         for id in &spec.members {
             inv.arg(id.as_str());
         }
@@ -245,10 +249,14 @@ impl Inner {
         believed: Option<MemberState>,
     ) -> Result<i64, Fault> {
         let k = &p.keys;
-        let mut inv = Call::new(&scripts::SET_MEMBER, 3);
+        let mut inv = Call::new(&scripts::SET_MEMBER, 7);
         inv.key(&k.meta)
             .key(&k.state)
             .key(&k.members)
+            .key(&k.order)
+            .key(&k.live)
+            .key(&k.load)
+            .key(&k.load_of)
             .arg(upstream.as_str())
             .arg(u8::from(state.eligible))
             .arg(u8::from(state.keeps_sessions))

@@ -305,15 +305,18 @@ impl Inner {
     ) -> Result<bool, Fault> {
         let k = &p.keys;
         let cap = p.spec.load().max_concurrency.unwrap_or(0);
-        let mut inv = Call::new(&scripts::RELEASE, if cap > 0 { 6 } else { 4 });
+        let mut inv = Call::new(&scripts::RELEASE, 8);
+        // Under a cap, "freed" counts the unlisted leases other gateways report (the reports'
+        // keys are read only then); a release moves the least-connections load index, which any
+        // instance may keep, whatever this one's strategy.
         inv.key(&k.leases)
             .key(&k.lease_up)
             .key(&k.live)
-            .key(&k.stats);
-        if cap > 0 {
-            // Under a cap, "freed" counts the unlisted leases other gateways report.
-            inv.key(&k.instances).key(&k.held);
-        }
+            .key(&k.stats)
+            .key(&k.instances)
+            .key(&k.held)
+            .key(&k.load)
+            .key(&k.load_of);
         inv.arg(cap).arg(&k.events).arg(releases.len());
         for r in releases {
             inv.arg(r.lease.0);
