@@ -501,9 +501,14 @@ impl Targets {
             }
         }
         for (next, slot) in again {
-            let name = self.recency.name(slot).expect("visited just now");
-            let t = self.by_target.get_mut(name).expect("visited just now");
-            schedule(&mut self.aging, t, next);
+            // Visited just now: still tracked (nothing is forgotten in between).
+            if let Some(t) = self
+                .recency
+                .name(slot)
+                .and_then(|name| self.by_target.get_mut(name))
+            {
+                schedule(&mut self.aging, t, next);
+            }
         }
         // Entries of forgotten or re-queued targets: the queue never holds more than about
         // twice the targets.
