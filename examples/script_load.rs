@@ -12,6 +12,7 @@
 //! only: it connects to 127.0.0.1:`--port`.
 
 use clap::Parser;
+use poolgate::store::redis::script_keys;
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 
@@ -66,20 +67,7 @@ async fn acquire(
 ) -> Result<Vec<(u64, String)>, BoxError> {
     let now = now_ms();
     let mut inv = script.prepare_invoke();
-    for k in [
-        "meta",
-        "state",
-        "members",
-        "order",
-        "leases",
-        "lease_up",
-        "live",
-        "sessions",
-        "instances",
-        "held",
-        "load",
-        "load_of",
-    ] {
+    for k in script_keys::ACQUIRE {
         inv.key(key(k));
     }
     inv.arg(now)
@@ -120,16 +108,7 @@ async fn release(
     with_stats: bool,
 ) -> Result<(), BoxError> {
     let mut inv = script.prepare_invoke();
-    for k in [
-        "leases",
-        "lease_up",
-        "live",
-        "stats",
-        "instances",
-        "held",
-        "load",
-        "load_of",
-    ] {
+    for k in script_keys::RELEASE {
         inv.key(key(k));
     }
     inv.arg(0).arg(key("events")).arg(leases.len());
@@ -167,10 +146,7 @@ async fn main() -> Result<(), BoxError> {
     let release_lua = Script::new(include_str!("../lua/release.lua"));
 
     let mut inv = configure.prepare_invoke();
-    for k in [
-        "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
-        "load_of",
-    ] {
+    for k in script_keys::CONFIGURE {
         inv.key(key(k));
     }
     inv.arg("least-used");

@@ -11,6 +11,7 @@
 mod common;
 
 use common::RedisServer;
+use poolgate::store::redis::script_keys;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
@@ -53,23 +54,10 @@ fn numbered(n: usize, of: impl Fn(usize) -> (u32, u64, u32)) -> Vec<Member> {
 }
 
 fn keys(tag: &str) -> Vec<String> {
-    [
-        "meta",
-        "state",
-        "members",
-        "order",
-        "leases",
-        "lease_up",
-        "live",
-        "session_count",
-        "instances",
-        "held",
-        "load",
-        "load_of",
-    ]
-    .iter()
-    .map(|k| format!("t:{{{tag}}}:{k}"))
-    .collect()
+    script_keys::ACQUIRE
+        .iter()
+        .map(|k| format!("t:{{{tag}}}:{k}"))
+        .collect()
 }
 
 async fn setup(c: &mut MultiplexedConnection, tag: &str, members: &[Member], taken: &[&str]) {

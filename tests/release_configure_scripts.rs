@@ -12,6 +12,7 @@
 mod common;
 
 use common::RedisServer;
+use poolgate::store::redis::script_keys;
 use redis::aio::MultiplexedConnection;
 
 const RELEASE: &str = include_str!("../lua/release.lua");
@@ -39,16 +40,7 @@ async fn setup(c: &mut MultiplexedConnection, tag: &str, unlisted: u32, now: u64
 async fn release(c: &mut MultiplexedConnection, tag: &str, cap: u32, now: u64) -> i64 {
     let script = redis::Script::new(RELEASE);
     let mut inv = script.prepare_invoke();
-    for k in [
-        "leases",
-        "lease_up",
-        "live",
-        "stats",
-        "instances",
-        "held",
-        "load",
-        "load_of",
-    ] {
+    for k in script_keys::RELEASE {
         inv.key(key(tag, k));
     }
     inv.arg(cap)
@@ -107,10 +99,7 @@ async fn configure_keeps_the_round_robin_cursor_across_instance_starts() {
     let script = redis::Script::new(CONFIGURE);
     let configure = |members: &[&str]| {
         let mut inv = script.prepare_invoke();
-        for k in [
-            "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
-            "load_of",
-        ] {
+        for k in script_keys::CONFIGURE {
             inv.key(key(tag, k));
         }
         inv.arg("round-robin");

@@ -11,6 +11,7 @@
 
 mod common;
 
+use poolgate::store::redis::script_keys;
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -46,10 +47,7 @@ struct Scripts {
 impl Scripts {
     async fn configure(&mut self, members: &[&str]) {
         let mut inv = self.configure.prepare_invoke();
-        for k in [
-            "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
-            "load_of",
-        ] {
+        for k in script_keys::CONFIGURE {
             inv.key(key(k));
         }
         inv.arg("least-used");
@@ -62,20 +60,7 @@ impl Scripts {
     /// A session acquire of `skey` at `now`, preferring `up`; returns (upstream, bound now).
     async fn acquire(&mut self, now: u64, skey: &str, up: &str, rebind: bool) -> (String, bool) {
         let mut inv = self.acquire.prepare_invoke();
-        for k in [
-            "meta",
-            "state",
-            "members",
-            "order",
-            "leases",
-            "lease_up",
-            "live",
-            "session_count",
-            "instances",
-            "held",
-            "load",
-            "load_of",
-        ] {
+        for k in script_keys::ACQUIRE {
             inv.key(key(k));
         }
         inv.key(sess(skey));

@@ -10,16 +10,14 @@
 mod common;
 
 use common::RedisServer;
+use poolgate::store::redis::script_keys;
 use redis::aio::MultiplexedConnection;
 
 const SCRIPT: &str = include_str!("../lua/set_member.lua");
 const UP: &str = "http://u1";
 
 fn keys(tag: &str) -> [String; 7] {
-    [
-        "meta", "state", "members", "order", "live", "load", "load_of",
-    ]
-    .map(|k| format!("t:{{{tag}}}:{k}"))
+    script_keys::SET_MEMBER.map(|k| format!("t:{{{tag}}}:{k}"))
 }
 
 /// A pool with `UP` in the given state (`e|k|c|s|r`) and another member in service at score 7.

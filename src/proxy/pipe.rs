@@ -413,7 +413,7 @@ async fn finish<W: AsyncWrite + Unpin>(w: &mut W, sides: (Side, Side)) -> End {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use tokio::io::duplex;
 
@@ -510,7 +510,7 @@ mod tests {
     }
 
     /// Two connected loopback sockets.
-    async fn socket_pair() -> (TcpStream, TcpStream) {
+    pub(in crate::proxy) async fn socket_pair() -> (TcpStream, TcpStream) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());

@@ -135,14 +135,8 @@ pub async fn transfer(from: &TcpStream, to: &TcpStream) -> Spliced {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::pipe::tests::socket_pair;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    async fn socket_pair() -> (TcpStream, TcpStream) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        (a.unwrap(), b.unwrap().0)
-    }
 
     #[tokio::test]
     async fn moves_bytes_whole_and_in_order_then_sees_the_end() {

@@ -185,18 +185,9 @@ impl Inner {
         let k = &p.keys;
         let extra = usize::from(session.is_some()) + usize::from(subset.is_some());
         let mut inv = Call::new(&scripts::ACQUIRE, 12 + extra);
-        inv.key(&k.meta)
-            .key(&k.state)
-            .key(&k.members)
-            .key(&k.order)
-            .key(&k.leases)
-            .key(&k.lease_up)
-            .key(&k.live)
-            .key(&k.session_count)
-            .key(&k.instances)
-            .key(&k.held)
-            .key(&k.load)
-            .key(&k.load_of);
+        for key in k.acquire() {
+            inv.key(key);
+        }
         if let Some(key) = session {
             inv.key(&k.session(key));
         }

@@ -4,6 +4,47 @@
 //! one Redis Cluster slot and every script can touch them together. Scripts are handed every key
 //! they touch in KEYS; none is computed inside Lua.
 
+/// The fixed KEYS of each script, in order, by name: each is `<prefix>:{<pool>}:<name>`. The
+/// store sends these ([`PoolKeys::acquire`] and the like); tests and benchmarks that run a script
+/// directly name its keys from here.
+pub mod script_keys {
+    /// `acquire.lua`; a session's key, then a subset's, follow when the mode needs them.
+    pub const ACQUIRE: [&str; 12] = [
+        "meta",
+        "state",
+        "members",
+        "order",
+        "leases",
+        "lease_up",
+        "live",
+        "session_count",
+        "instances",
+        "held",
+        "load",
+        "load_of",
+    ];
+    /// `release.lua`.
+    pub const RELEASE: [&str; 8] = [
+        "leases",
+        "lease_up",
+        "live",
+        "stats",
+        "instances",
+        "held",
+        "load",
+        "load_of",
+    ];
+    /// `configure.lua` (`sessions`: the sorted set of older versions, which it deletes).
+    pub const CONFIGURE: [&str; 10] = [
+        "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
+        "load_of",
+    ];
+    /// `set_member.lua`.
+    pub const SET_MEMBER: [&str; 7] = [
+        "meta", "state", "members", "order", "live", "load", "load_of",
+    ];
+}
+
 /// The keys of one pool (see README "Shared store (Redis)" for what each holds).
 #[derive(Clone, Debug)]
 pub(crate) struct PoolKeys {
@@ -74,6 +115,67 @@ impl PoolKeys {
         }
     }
 
+    /// `acquire.lua`'s fixed keys ([`script_keys::ACQUIRE`]).
+    pub fn acquire(&self) -> [&str; 12] {
+        [
+            &self.meta,
+            &self.state,
+            &self.members,
+            &self.order,
+            &self.leases,
+            &self.lease_up,
+            &self.live,
+            &self.session_count,
+            &self.instances,
+            &self.held,
+            &self.load,
+            &self.load_of,
+        ]
+    }
+
+    /// `release.lua`'s keys ([`script_keys::RELEASE`]).
+    pub fn release(&self) -> [&str; 8] {
+        [
+            &self.leases,
+            &self.lease_up,
+            &self.live,
+            &self.stats,
+            &self.instances,
+            &self.held,
+            &self.load,
+            &self.load_of,
+        ]
+    }
+
+    /// `configure.lua`'s keys ([`script_keys::CONFIGURE`]).
+    pub fn configure(&self) -> [&str; 10] {
+        [
+            &self.meta,
+            &self.state,
+            &self.members,
+            &self.order,
+            &self.leases,
+            &self.lease_up,
+            &self.legacy_sessions,
+            &self.live,
+            &self.load,
+            &self.load_of,
+        ]
+    }
+
+    /// `set_member.lua`'s keys ([`script_keys::SET_MEMBER`]).
+    pub fn set_member(&self) -> [&str; 7] {
+        [
+            &self.meta,
+            &self.state,
+            &self.members,
+            &self.order,
+            &self.live,
+            &self.load,
+            &self.load_of,
+        ]
+    }
+
     /// ZSET: the members of label-filter subset `id` → allocations through it (`acquire.lua`).
     pub fn subset(&self, id: &str) -> String {
         format!("{}{id}", self.sub_prefix)
@@ -93,6 +195,18 @@ pub(crate) fn lock_key(prefix: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scripts_key_lists_are_the_names_the_store_sends() {
+        let k = PoolKeys::new("pg", "eu");
+        let named = |names: &[&str]| -> Vec<String> {
+            names.iter().map(|n| format!("pg:{{eu}}:{n}")).collect()
+        };
+        assert_eq!(k.acquire().to_vec(), named(&script_keys::ACQUIRE));
+        assert_eq!(k.release().to_vec(), named(&script_keys::RELEASE));
+        assert_eq!(k.configure().to_vec(), named(&script_keys::CONFIGURE));
+        assert_eq!(k.set_member().to_vec(), named(&script_keys::SET_MEMBER));
+    }
 
     #[test]
     fn every_key_of_a_pool_shares_its_hash_tag() {

@@ -194,17 +194,10 @@ impl Inner {
         let spec = p.spec.load();
         let k = &p.keys;
         let mut inv = Call::new(&scripts::CONFIGURE, 10);
-        inv.key(&k.meta)
-            .key(&k.state)
-            .key(&k.members)
-            .key(&k.order)
-            .key(&k.leases)
-            .key(&k.lease_up)
-            .key(&k.legacy_sessions)
-            .key(&k.live)
-            .key(&k.load)
-            .key(&k.load_of)
-            .arg(spec.strategy.as_str());
+        for key in k.configure() {
+            inv.key(key);
+        }
+        inv.arg(spec.strategy.as_str());
         for id in &spec.members {
             inv.arg(id.as_str());
         }
@@ -250,14 +243,10 @@ impl Inner {
     ) -> Result<i64, Fault> {
         let k = &p.keys;
         let mut inv = Call::new(&scripts::SET_MEMBER, 7);
-        inv.key(&k.meta)
-            .key(&k.state)
-            .key(&k.members)
-            .key(&k.order)
-            .key(&k.live)
-            .key(&k.load)
-            .key(&k.load_of)
-            .arg(upstream.as_str())
+        for key in k.set_member() {
+            inv.key(key);
+        }
+        inv.arg(upstream.as_str())
             .arg(u8::from(state.eligible))
             .arg(u8::from(state.keeps_sessions))
             .arg(state.cost.max(1))

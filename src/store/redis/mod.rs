@@ -73,6 +73,7 @@ use batch::Batcher;
 pub use conn::client_name;
 use conn::{Backlog, Remote};
 use keys::PoolKeys;
+pub use keys::script_keys;
 use release::{Release, flush_periodically};
 use scripts::AcquireReply;
 

@@ -309,14 +309,9 @@ impl Inner {
         // Under a cap, "freed" counts the unlisted leases other gateways report (the reports'
         // keys are read only then); a release moves the least-connections load index, which any
         // instance may keep, whatever this one's strategy.
-        inv.key(&k.leases)
-            .key(&k.lease_up)
-            .key(&k.live)
-            .key(&k.stats)
-            .key(&k.instances)
-            .key(&k.held)
-            .key(&k.load)
-            .key(&k.load_of);
+        for key in k.release() {
+            inv.key(key);
+        }
         inv.arg(cap).arg(&k.events).arg(releases.len());
         for r in releases {
             inv.arg(r.lease.0);
