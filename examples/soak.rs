@@ -603,51 +603,39 @@ async fn proxy_connect(req: Request<Incoming>, slot: Slot) -> Response<ProxyBody
     resp
 }
 
+/// Copies `r` into `w` until either fails or `r` ends (then half-closes `w`), ending `slot` first.
+async fn one_way<R, W>(mut r: R, mut w: W, slot: &Slot)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(n) if n > 0 => {
+                if w.write_all(&buf[..n]).await.is_err() {
+                    slot.end();
+                    return;
+                }
+            }
+            _ => {
+                slot.end();
+                let _ = w.shutdown().await;
+                return;
+            }
+        }
+    }
+}
+
 /// Copies both ways; the first end of either side (EOF or error) ends the exchange's slot before
 /// it is passed on, so the gateway sees the tunnel end only after the count went down.
 async fn carry<C>(client: C, target: TcpStream, slot: &Slot)
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
-    let (mut cr, mut cw) = tokio::io::split(client);
-    let (mut tr, mut tw) = target.into_split();
-    let up = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match cr.read(&mut buf).await {
-                Ok(n) if n > 0 => {
-                    if tw.write_all(&buf[..n]).await.is_err() {
-                        slot.end();
-                        break;
-                    }
-                }
-                _ => {
-                    slot.end();
-                    let _ = tw.shutdown().await;
-                    break;
-                }
-            }
-        }
-    };
-    let down = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match tr.read(&mut buf).await {
-                Ok(n) if n > 0 => {
-                    if cw.write_all(&buf[..n]).await.is_err() {
-                        slot.end();
-                        break;
-                    }
-                }
-                _ => {
-                    slot.end();
-                    let _ = cw.shutdown().await;
-                    break;
-                }
-            }
-        }
-    };
-    tokio::join!(up, down);
+    let (cr, cw) = tokio::io::split(client);
+    let (tr, tw) = target.into_split();
+    tokio::join!(one_way(cr, tw, slot), one_way(tr, cw, slot));
 }
 
 // ---------------------------------------------------------------------------
