@@ -27,8 +27,9 @@
 # upstreams match); CONNECT setups/s (new connection + CONNECT + one request + close, 32 at a
 # time); MB/s through one tunnel (the bulk duration), through one fresh tunnel for a short 3 s,
 # and through 8 tunnels at once (their sum); for poolgate and Dante, setups and MB/s through the
-# SOCKS5 port (against the ceiling's CONNECT figures, issue #34); peak RSS of the proxy under the HTTP load (VmHWM); RSS per idle
-# tunnel with 10,000 tunnels open (VmRSS before and after, on a freshly started proxy); Redis
+# SOCKS5 port (against the ceiling's CONNECT figures, issue #34); the proxy's CPU per GB through
+# one tunnel and through many (user + system time over the transfer, warm-up bytes included);
+# peak RSS of the proxy under the HTTP load (VmHWM); RSS per idle tunnel with 10,000 tunnels open (VmRSS before and after, on a freshly started proxy); Redis
 # commands sent per request (scripts count once; MONITOR during a short extra load) and Redis
 # calls per request including those scripts make (INFO commandstats around the HTTP load).
 #
@@ -649,20 +650,24 @@ measure_connect() { # CONNECT setups: new connection + CONNECT + one request + c
   fi
 }
 
-# bulk_run KEY SECONDS TUNNELS: MB/s through TUNNELS tunnels at once, recorded as KEY.
+# bulk_run KEY SECONDS TUNNELS [CPU_KEY]: MB/s through TUNNELS tunnels at once, recorded as KEY,
+# and the proxy's CPU per GB moved (warm-up included) as CPU_KEY.
 bulk_run() {
-  local column=$column out
+  local column=$column out cpu0
   target_opts "$column"
+  cpu0=$(ticks "$proxy_pid")
   if out=$(timeout $(($2 + 30)) "$fixture" bulk --proxy "$proxy_addr" --target "$tunnel_src" \
     "${tgt[@]}" --duration "${2}s" --tunnels "$3"); then
     record "$column" "$1" "$(json_field mb_per_s "$out")"
+    [ -z "${4:-}" ] || record "$column" "$4" "$(awk -v t=$(($(ticks "$proxy_pid") - cpu0)) \
+      -v b="$(json_field bytes_all "$out")" -v hz="$clk_tck" 'BEGIN { if (b > 0) printf "%.1f", t * 1e3 / hz / (b / 1e9) }')"
   else
     note "$column" "run $run: bulk transfer ($1, $3 tunnel(s) for $2 s) failed or timed out"
   fi
 }
-measure_bulk() { bulk_run tunnel_mb_s "$bulk_s" 1; }              # one tunnel, the bulk duration
+measure_bulk() { bulk_run tunnel_mb_s "$bulk_s" 1 tunnel_cpu_ms_gb; } # one tunnel, the bulk duration
 measure_short() { bulk_run tunnel_short_mb_s "$short_s" 1; }      # one fresh tunnel, a short while
-measure_many() { bulk_run tunnels_mb_s "$bulk_s" "$bulk_tunnels"; } # many tunnels at once
+measure_many() { bulk_run tunnels_mb_s "$bulk_s" "$bulk_tunnels" tunnels_cpu_ms_gb; } # many at once
 
 measure_socks() { # SOCKS5 setups and MB/s through one SOCKS5 tunnel (poolgate's and Dante's)
   local column=$1 out errors
