@@ -11,7 +11,8 @@
 //! acquire of a new key, then its release), then two bounded samples are timed, each call on
 //! its own: the acquire of an *existing* binding (a lookup; random keys among the N) and the
 //! acquire of a *new* key (a placement; the binding is ended again, untimed, so the size stays
-//! N). Memory per binding is the growth of the process's resident set (`VmRSS`) over the fill
+//! N). On the embedded store, `status` (what `/status` and each metrics scrape call, under the
+//! pool's lock) is timed too, `STATUS_SAMPLE` calls. Memory per binding is the growth of the process's resident set (`VmRSS`) over the fill
 //! on the embedded store, each size in a fresh child process, and the growth of Redis's
 //! `used_memory` on a `redis-server` this example starts on a free loopback port. Keys are what
 //! the gateway mints (`X-Pool-Session: create`): 32 hex digits, made from the index, so the
@@ -73,6 +74,8 @@ const TARGET_SIZES: [usize; 3] = [10, 1_000, 100_000];
 /// Timed calls per sample, and the time a sample may take at most.
 const MEMORY_SAMPLE: usize = 20_000;
 const REDIS_SAMPLE: usize = 4_000;
+/// Timed `status` calls per size on the embedded store.
+const STATUS_SAMPLE: usize = 50;
 const SAMPLE_LIMIT: Duration = Duration::from_secs(20);
 /// A fill may take at most this long (1M bindings in Redis take about a minute here).
 const FILL_LIMIT: Duration = Duration::from_secs(240);
@@ -213,12 +216,15 @@ struct SessionRow {
     place: (f64, f64, f64),
     /// One lookup timed right after the embedded store's periodic sweep fell due (µs).
     sweep: Option<f64>,
+    /// The embedded store's `status` call: median and maximum (µs).
+    status: Option<(f64, f64)>,
 }
 
 impl SessionRow {
     fn line(&self) -> String {
+        let status = self.status.unwrap_or((f64::NAN, f64::NAN));
         format!(
-            "{} {} {} {} {} {} {} {}",
+            "{} {} {} {} {} {} {} {} {} {}",
             self.bytes_per_binding,
             self.lookup.0,
             self.lookup.1,
@@ -227,6 +233,8 @@ impl SessionRow {
             self.place.1,
             self.place.2,
             self.sweep.unwrap_or(f64::NAN),
+            status.0,
+            status.1,
         )
     }
 
@@ -235,7 +243,7 @@ impl SessionRow {
             .split_whitespace()
             .map(str::parse)
             .collect::<Result<_, _>>()?;
-        if v.len() < 8 {
+        if v.len() < 10 {
             return Err(format!("bad child line {line:?}").into());
         }
         Ok(SessionRow {
@@ -243,6 +251,7 @@ impl SessionRow {
             lookup: (v[1], v[2], v[3]),
             place: (v[4], v[5], v[6]),
             sweep: (!v[7].is_nan()).then_some(v[7]),
+            status: (!v[8].is_nan()).then_some((v[8], v[9])),
         })
     }
 }
@@ -290,6 +299,16 @@ async fn sessions_memory_child(n: usize) -> Result<(), BoxError> {
     if live != n as u64 {
         return Err(format!("{live} sessions live, not {n}").into());
     }
+    let mut statuses = Vec::with_capacity(STATUS_SAMPLE);
+    for _ in 0..STATUS_SAMPLE {
+        let start = Instant::now();
+        let live = store.status(POOL).await?.sessions_live;
+        statuses.push(start.elapsed().as_nanos() as u64);
+        if live != n as u64 {
+            return Err(format!("{live} sessions live, not {n}").into());
+        }
+    }
+    let (status_p50, _, status_max) = quantiles(&mut statuses);
     let (lookup, place) = sample(&store, n, MEMORY_SAMPLE).await?;
     // The embedded store sweeps expired bindings every 5 s, on the next session acquire: wait
     // until one is due and time that acquire.
@@ -301,6 +320,7 @@ async fn sessions_memory_child(n: usize) -> Result<(), BoxError> {
         lookup,
         place,
         sweep: Some(sweep),
+        status: Some((status_p50, status_max)),
     };
     println!("{}", row.line());
     Ok(())
@@ -403,6 +423,7 @@ async fn sessions_redis(server: &Server, n: usize) -> Result<SessionRow, BoxErro
         lookup,
         place,
         sweep: None,
+        status: None,
     })
 }
 
@@ -433,15 +454,21 @@ fn print_sessions(store: &str, rows: &[(usize, SessionRow)]) {
     println!(
         "\n{store}: bindings | bytes/binding | lookup p50 µs (x) | lookup p99 µs (x) | place p50 µs (x) | place p99 µs (x) | lookup max µs{}",
         if store == "memory" {
-            " | lookup that swept µs"
+            " | lookup that swept µs | status p50 µs (x) | status max µs"
         } else {
             ""
         }
     );
     for (n, r) in rows {
         let sweep = r.sweep.map_or(String::new(), |s| format!(" | {s:.0}"));
+        let status = match (r.status, base.status) {
+            (Some((p50, max)), Some((base_p50, _))) => {
+                format!(" | {p50:.2} ({:.2}x) | {max:.0}", p50 / base_p50)
+            }
+            _ => String::new(),
+        };
         println!(
-            "{store}: {} | {:.0} | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.0}{sweep}",
+            "{store}: {} | {:.0} | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.2} ({:.2}x) | {:.0}{sweep}{status}",
             size_name(*n),
             r.bytes_per_binding,
             r.lookup.0,

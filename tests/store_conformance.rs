@@ -437,9 +437,9 @@ async fn sticky_once(s: &AnyStore, pool: &str, want: Want<'_>) -> Grant {
 }
 
 /// `/status`'s `sessions_live`, seen from either client: up on a bind, unchanged by a renewal
-/// and by a rebind, down on an unbind, an end and an expiry. Redis counts a binding until the end
-/// of the second its expiry falls in (the memory store until the expiry itself), so the expiry
-/// is awaited for up to a second more than the TTL, and never seen before the TTL.
+/// and by a rebind, down on an unbind, an end and an expiry. Both stores count a binding until
+/// the end of the second its expiry falls in, so the expiry is awaited for up to a second more
+/// than the TTL, and never seen before the TTL.
 async fn session_count_follows_bindings(b: &Backend) {
     let (spec, m) = spec(
         "count",

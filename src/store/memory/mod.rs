@@ -737,4 +737,41 @@ mod tests {
         );
         assert_eq!((g.upstream, g.bound_now), (m[1].clone(), true));
     }
+
+    /// A session acquire that must be granted, its lease released at once.
+    async fn sticky(s: &MemoryStore, key: &str, ttl: Duration, preferred: &[UpstreamId]) {
+        let want = Want::Session {
+            key,
+            ttl,
+            preferred,
+            rebind: false,
+            within: None,
+        };
+        let g = granted(s.acquire("p", want).await.unwrap());
+        s.release("p", &g.upstream, g.lease, Outcome::Ok, Duration::ZERO)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_live_follows_unbind_and_lasts_to_the_end_of_the_expiry_second() {
+        let (s, m) = store(Strategy::LeastUsed, 2, None).await;
+        let live = async || s.status("p").await.unwrap().sessions_live;
+        sticky(&s, "short", Duration::from_millis(1_500), &m[..1]).await;
+        sticky(&s, "long", Duration::from_secs(60), &m[1..]).await;
+        assert_eq!(live().await, 2);
+        // An unbind naming another upstream leaves the binding; naming its own takes it out.
+        s.unbind("p", "long", &m[0]).await.unwrap();
+        assert_eq!(live().await, 2);
+        s.unbind("p", "long", &m[1]).await.unwrap();
+        assert_eq!(live().await, 1);
+        // Expired at 1.5 s, counted until the end of second 2.
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        assert_eq!(s.session_upstream("p", "short").await.unwrap(), None);
+        assert_eq!(live().await, 1);
+        tokio::time::advance(Duration::from_millis(499)).await;
+        assert_eq!(live().await, 1);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(live().await, 0);
+    }
 }

@@ -10,8 +10,17 @@
 //! sweeping them all took 20 ms and stalled every request of the pool): one shard each
 //! `SWEEP_INTERVAL / SHARDS`, so each is still swept every [`SWEEP_INTERVAL`] while session
 //! acquires keep coming.
+//!
+//! The live count (`/status`, each metrics scrape) is kept as bindings change rather than walked
+//! under the pool's lock, where a walk took milliseconds at a million bindings: bindings are
+//! counted by the second their expiry falls in ([`ByExpiry`]), the seconds that have passed are
+//! taken out of the sum, and reading it is O(1). This is the Redis store's `session_count` (see
+//! `lua/acquire.lua`), with the same meaning: a binding counts until the end of the second its
+//! expiry falls in, up to 1 s after it expired and never before (sooner if a sweep drops it
+//! first). It costs nothing per binding: a binding's second is its expiry, rounded up.
 
-use std::collections::HashMap;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -24,10 +33,81 @@ pub(super) const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Maps the bindings are split into; one is swept at a time.
 pub(super) const SHARDS: usize = 64;
 
+/// The live count's step: nanoseconds in a second (`BUCKET_MS` in `lua/acquire.lua`).
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
 struct Binding {
     upstream: UpstreamId,
     /// Nanoseconds from [`Sessions::epoch`].
     expires: u64,
+}
+
+// A binding's slot in its map (key and binding) is the 40 bytes the module doc counts on.
+const _: () = assert!(size_of::<(Box<str>, Binding)>() == 40);
+
+/// The second (from the epoch) an expiry in nanoseconds falls in: the first whole second at or
+/// after it, so a binding is counted at least until it expires.
+fn second_of(expires: u64) -> u64 {
+    expires.div_ceil(NANOS_PER_SECOND)
+}
+
+/// Bindings counted by the second their expiry falls in, so the live count is a read.
+///
+/// Invariant: `seconds` holds, for each second after `aged_through`, the bindings held whose
+/// expiry falls in it, and `n` is its sum; a binding in an aged second is in neither.
+#[derive(Default)]
+struct ByExpiry {
+    /// Second → bindings whose expiry falls in it. Aged seconds are dropped, so it holds at most
+    /// the longest TTL in seconds plus two entries, however many bindings there are.
+    seconds: BTreeMap<u64, u32>,
+    /// The sum of `seconds`: the live count.
+    n: usize,
+    /// The last second taken out of `seconds` (its bindings had all expired by its end).
+    aged_through: u64,
+}
+
+impl ByExpiry {
+    /// Counts a binding in `second` (one in an aged second has expired: not counted).
+    fn add(&mut self, second: u64) {
+        if second > self.aged_through {
+            *self.seconds.entry(second).or_default() += 1;
+            self.n += 1;
+        }
+    }
+
+    /// Takes a binding out of `second`, if that second is still counted.
+    fn take(&mut self, second: u64) {
+        if second <= self.aged_through {
+            return;
+        }
+        if let Entry::Occupied(mut e) = self.seconds.entry(second) {
+            if *e.get() > 1 {
+                *e.get_mut() -= 1;
+            } else {
+                e.remove();
+            }
+            self.n -= 1;
+        }
+    }
+
+    /// Moves a binding from one second to another; nothing when they are the same.
+    fn moved(&mut self, from: u64, to: u64) {
+        if from != to {
+            self.take(from);
+            self.add(to);
+        }
+    }
+
+    /// Takes the seconds up to `now` (whole seconds from the epoch) out of the sum: each once.
+    fn age(&mut self, now: u64) {
+        while let Some(e) = self.seconds.first_entry() {
+            if *e.key() > now {
+                break;
+            }
+            self.n -= e.remove() as usize;
+        }
+        self.aged_through = self.aged_through.max(now);
+    }
 }
 
 /// Session key → binding, in [`SHARDS`] maps. The maps keep the standard library's hasher: the
@@ -41,6 +121,8 @@ pub(super) struct Sessions {
     epoch: Instant,
     next_shard: usize,
     last_sweep: Instant,
+    /// The live count, kept up to date by every change so that reading it walks nothing.
+    live: ByExpiry,
 }
 
 impl Sessions {
@@ -51,6 +133,7 @@ impl Sessions {
             epoch: now,
             next_shard: 0,
             last_sweep: now,
+            live: ByExpiry::default(),
         }
     }
 
@@ -76,12 +159,17 @@ impl Sessions {
         self.shards[self.shard(key)].get(key).map(|b| &b.upstream)
     }
 
-    /// Moves `key`'s expiry to `expires`, if it has a binding.
+    /// Moves `key`'s expiry to `expires`, if it has a binding. Every lookup does this: the count
+    /// changes only when the expiry moves into another second (once a second for a busy key).
     pub fn refresh(&mut self, key: &str, expires: Instant) {
         let expires = self.ticks(expires);
         let shard = self.shard(key);
         if let Some(b) = self.shards[shard].get_mut(key) {
+            let (from, to) = (second_of(b.expires), second_of(expires));
             b.expires = expires;
+            if from != to {
+                self.live.moved(from, to);
+            }
         }
     }
 
@@ -91,26 +179,30 @@ impl Sessions {
             upstream: upstream.clone(),
             expires: self.ticks(expires),
         };
+        let to = second_of(binding.expires);
         let shard = self.shard(key);
-        self.shards[shard].insert(key.into(), binding);
+        match self.shards[shard].insert(key.into(), binding) {
+            Some(old) => self.live.moved(second_of(old.expires), to),
+            None => self.live.add(to),
+        }
     }
 
     /// Drops `key`'s binding; true when it was live at `now`.
     pub fn remove(&mut self, key: &str, now: Instant) -> bool {
         let now = self.ticks(now);
         let shard = self.shard(key);
-        self.shards[shard]
-            .remove(key)
-            .is_some_and(|b| b.expires > now)
+        let Some(b) = self.shards[shard].remove(key) else {
+            return false;
+        };
+        self.live.take(second_of(b.expires));
+        b.expires > now
     }
 
-    /// Bindings live at `now` (a walk over all of them: `/status` only).
-    pub fn count_live(&self, now: Instant) -> usize {
-        let now = self.ticks(now);
-        self.shards
-            .iter()
-            .map(|s| s.values().filter(|b| b.expires > now).count())
-            .sum()
+    /// Bindings counted at `now`: those whose expiry's second has not ended (see the module
+    /// doc). O(1) but for the seconds that passed since the last call, each taken out once.
+    pub fn count_live(&mut self, now: Instant) -> usize {
+        self.live.age(self.ticks(now) / NANOS_PER_SECOND);
+        self.live.n
     }
 
     /// Bindings held, expired ones not yet swept included.
@@ -119,13 +211,46 @@ impl Sessions {
         self.shards.iter().map(HashMap::len).sum()
     }
 
-    /// Sweeps the next shard's expired bindings, if one is due.
+    /// What [`Sessions::count_live`] counts, by walking every binding (as it did before).
+    #[cfg(test)]
+    fn walk_live(&self, now: Instant) -> usize {
+        let now = self.ticks(now) / NANOS_PER_SECOND;
+        self.shards
+            .iter()
+            .map(|s| s.values().filter(|b| second_of(b.expires) > now).count())
+            .sum()
+    }
+
+    /// The per-second counts rebuilt from the bindings held, for the seconds not yet aged.
+    #[cfg(test)]
+    fn seconds_walked(&self) -> BTreeMap<u64, u32> {
+        let mut seconds = BTreeMap::new();
+        for b in self.shards.iter().flat_map(HashMap::values) {
+            let s = second_of(b.expires);
+            if s > self.live.aged_through {
+                *seconds.entry(s).or_default() += 1;
+            }
+        }
+        seconds
+    }
+
+    /// Sweeps the next shard's expired bindings, if one is due; the seconds that have passed
+    /// leave the live count on the way, so its map stays bounded without `/status` calls.
     pub fn sweep(&mut self, now: Instant) {
         if now.duration_since(self.last_sweep) < SWEEP_INTERVAL / SHARDS as u32 {
             return;
         }
         let ticks = self.ticks(now);
-        self.shards[self.next_shard].retain(|_, b| b.expires > ticks);
+        self.live.age(ticks / NANOS_PER_SECOND);
+        let live = &mut self.live;
+        self.shards[self.next_shard].retain(|_, b| {
+            let keep = b.expires > ticks;
+            if !keep {
+                // Expired within the current second: still counted until now.
+                live.take(second_of(b.expires));
+            }
+            keep
+        });
         self.next_shard = (self.next_shard + 1) % SHARDS;
         self.last_sweep = now;
     }
@@ -133,10 +258,23 @@ impl Sessions {
 
 #[cfg(test)]
 mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
     use super::*;
 
     fn up(i: usize) -> UpstreamId {
         UpstreamId::new(format!("u{i}"))
+    }
+
+    /// The per-second counts, checked against the bindings held, as (second, bindings) pairs.
+    fn seconds(s: &Sessions) -> Vec<(u64, u32)> {
+        assert_eq!(s.live.seconds, s.seconds_walked());
+        assert_eq!(
+            s.live.n,
+            s.live.seconds.values().map(|&c| c as usize).sum::<usize>()
+        );
+        s.live.seconds.iter().map(|(&k, &v)| (k, v)).collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -185,5 +323,164 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert!(now - t0 <= Duration::from_secs(2) + SWEEP_INTERVAL);
         assert_eq!(s.live("kept", now), Some(&up(0)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_count_follows_binds_refreshes_and_removes() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = Sessions::new(t0);
+        s.bind("a", &up(0), at(10_200));
+        assert_eq!(seconds(&s), [(11, 1)]);
+        assert_eq!(s.count_live(t0), 1);
+        // A refresh within the same second moves nothing; into another, it moves the binding.
+        s.refresh("a", at(10_900));
+        assert_eq!(seconds(&s), [(11, 1)]);
+        s.refresh("a", at(11_000));
+        assert_eq!(seconds(&s), [(11, 1)], "11.000 s is still second 11");
+        s.refresh("a", at(11_100));
+        assert_eq!(seconds(&s), [(12, 1)]);
+        s.refresh("unbound", at(30_000));
+        assert_eq!(seconds(&s), [(12, 1)]);
+        // A bind adds; a bind replacing a binding moves it.
+        s.bind("b", &up(1), at(11_500));
+        assert_eq!(seconds(&s), [(12, 2)]);
+        s.bind("b", &up(2), at(20_000));
+        assert_eq!(seconds(&s), [(12, 1), (20, 1)]);
+        s.bind("b", &up(0), at(19_001));
+        assert_eq!(seconds(&s), [(12, 1), (20, 1)]);
+        assert_eq!(s.count_live(t0), 2);
+        // A remove takes out, once.
+        assert!(s.remove("a", t0));
+        assert!(!s.remove("a", t0));
+        assert_eq!(seconds(&s), [(20, 1)]);
+        assert_eq!(s.count_live(t0), 1);
+
+        // A binding whose second has been aged is taken out of nothing when it is replaced or
+        // removed.
+        s.bind("c", &up(0), at(1_000));
+        assert_eq!(seconds(&s), [(1, 1), (20, 1)]);
+        assert_eq!(s.count_live(at(1_000)), 1, "second 1 has passed");
+        s.bind("c", &up(1), at(13_000));
+        assert_eq!(seconds(&s), [(13, 1), (20, 1)]);
+        s.bind("d", &up(0), at(1_500));
+        assert_eq!(s.count_live(at(1_999)), 3);
+        assert_eq!(s.count_live(at(2_000)), 2);
+        assert!(!s.remove("d", at(2_000)));
+        s.refresh("d", at(30_000));
+        assert_eq!(seconds(&s), [(13, 1), (20, 1)]);
+        // Refreshed out of an aged second (a binding expired but not swept), it counts again.
+        s.bind("d", &up(0), at(1_500));
+        assert_eq!(s.count_live(at(2_000)), 2);
+        s.refresh("d", at(25_000));
+        assert_eq!(seconds(&s), [(13, 1), (20, 1), (25, 1)]);
+        assert_eq!(s.count_live(at(2_000)), s.walk_live(at(2_000)));
+        assert_eq!(s.count_live(at(30_000)), 0);
+        assert!(seconds(&s).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_binding_counts_until_the_end_of_its_expiry_second() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = Sessions::new(t0);
+        s.bind("half", &up(0), at(1_500));
+        s.bind("whole", &up(1), at(3_000));
+        assert_eq!(s.count_live(at(1_499)), 2);
+        assert_eq!(s.live("half", at(1_500)), None);
+        assert_eq!(s.count_live(at(1_500)), 2, "expired, its second not over");
+        assert_eq!(s.count_live(at(1_999)), 2);
+        assert_eq!(s.count_live(at(2_000)), 1);
+        // An expiry on a whole second counts until it, never less than the TTL.
+        assert_eq!(s.count_live(at(2_999)), 1);
+        assert_eq!(s.count_live(at(3_000)), 0);
+        assert_eq!(s.count_live(at(3_000)), s.walk_live(at(3_000)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_takes_out_what_it_drops_while_its_second_still_counts() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut s = Sessions::new(t0);
+        let n = 10 * SHARDS;
+        for i in 0..n {
+            s.bind(&format!("k{i}"), &up(i % 3), at(1_200));
+        }
+        s.bind("kept", &up(0), at(3_600_000));
+        // Expired at 1.2 s, second 2 not over: every binding still counts until a sweep.
+        assert_eq!(s.count_live(at(1_300)), n + 1);
+        s.sweep(at(1_300));
+        let dropped = n + 1 - s.len();
+        assert!(dropped > 0);
+        assert_eq!(seconds(&s), [(2, (n - dropped) as u32), (3_600, 1)]);
+        assert_eq!(s.count_live(at(1_300)), n + 1 - dropped);
+        assert_eq!(s.count_live(at(1_300)), s.walk_live(at(1_300)));
+        // The rest age out with their second, and sweeping them later takes nothing twice.
+        assert_eq!(s.count_live(at(2_000)), 1);
+        let mut now = at(1_300);
+        for _ in 1..SHARDS {
+            now += SWEEP_INTERVAL / SHARDS as u32;
+            s.sweep(now);
+        }
+        assert_eq!(s.len(), 1);
+        assert_eq!(seconds(&s), [(3_600, 1)]);
+        assert_eq!(s.count_live(now), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_count_is_the_walk_after_random_operations() {
+        const KEYS: usize = 300;
+        const MAX_TTL_MS: u64 = 4_000;
+        let t0 = Instant::now();
+        let mut s = Sessions::new(t0);
+        let mut rng = StdRng::seed_from_u64(0x5e55_1025);
+        let mut now = t0;
+        let mut checked = 0;
+        for step in 0..5_000 {
+            let key = format!("k{}", rng.random_range(0..KEYS));
+            let expires = now + Duration::from_millis(rng.random_range(0..=MAX_TTL_MS));
+            match rng.random_range(0..100) {
+                0..30 => s.bind(&key, &up(step % 3), expires),
+                30..60 => s.refresh(&key, expires),
+                60..70 => {
+                    s.remove(&key, now);
+                }
+                70..80 => s.sweep(now),
+                80..90 => {
+                    assert_eq!(s.count_live(now), s.walk_live(now), "step {step}");
+                    assert!(s.live.seconds.len() as u64 <= MAX_TTL_MS / 1_000 + 2);
+                    checked += 1;
+                }
+                _ => now += Duration::from_millis(rng.random_range(0..700)),
+            }
+            seconds(&s);
+        }
+        assert!(checked > 100);
+        assert!(s.count_live(now) > 0, "the sequence left bindings to count");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_count_holds_at_most_the_ttl_in_seconds_plus_two_entries() {
+        // Session acquires (a sweep, then a bind or a refresh) and no `/status`: the sweeps age
+        // the count, so its map does not grow with time.
+        let ttl = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut s = Sessions::new(t0);
+        let mut now = t0;
+        let mut most = 0;
+        for i in 0..2_000 {
+            now += Duration::from_millis(37);
+            s.sweep(now);
+            if i % 4 == 0 {
+                // A binding made about 5 s before: into a later second.
+                s.refresh(&format!("k{}", i.max(135) - 135), now + ttl);
+            } else {
+                s.bind(&format!("k{i}"), &up(i % 3), now + ttl);
+            }
+            most = most.max(s.live.seconds.len());
+        }
+        assert!(most <= 12, "{most} seconds held for a 10 s TTL");
+        assert!(most >= 10, "{most} seconds held for a 10 s TTL");
+        assert_eq!(s.count_live(now), s.walk_live(now));
     }
 }
