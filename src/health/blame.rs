@@ -24,7 +24,8 @@
 //! What ages out of the incident window is aged by a schedule, not by walking every target each
 //! second: a target with anything to age is queued for when its oldest such thing leaves the
 //! window, and each tick visits only the targets that came due (walking all 100,000 of a raised
-//! `max_targets` took 44–74 ms a second under the engine's lock).
+//! `max_targets` took 44–74 ms a second under the engine's lock), at most
+//! [`MAX_TARGETS_PER_TICK`] of them.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -37,6 +38,13 @@ use crate::fast_map::FastMap;
 use crate::health::recency::Recency;
 use crate::health::state::Sample;
 use crate::upstream::UpstreamId;
+
+/// Targets a tick ages or forgets at most, each. A burst (100,000 targets seen in the same second
+/// and then never again all come due one window later) is spread over ticks of about 5 ms under
+/// the engine's lock (aging a target walks its cells: about 2 µs with a thousand upstreams), where
+/// one tick took 63 ms. What is left over stays due, soonest first, for the next tick: in such a
+/// burst an incident ends up to `burst / MAX_TARGETS_PER_TICK` ticks late.
+pub const MAX_TARGETS_PER_TICK: usize = 2048;
 
 /// Answers (successes and origin errors) remembered per (upstream, target) cell for singling
 /// out, one bit each: enough for the thresholds below, few enough to follow a change quickly.
@@ -261,8 +269,8 @@ pub struct Targets {
     /// Targets (by recency slot) queued to be aged, soonest first. An entry whose target was
     /// forgotten, or queued again for another time, is skipped when it comes up.
     aging: BinaryHeap<Reverse<(Instant, u32)>>,
-    /// The longest incident window anything was queued for: a reload that shortens it ages every
-    /// target at the next tick.
+    /// The longest incident window anything was queued for: a reload that shortens it makes
+    /// every queued target due at the next tick.
     aging_window: std::time::Duration,
 }
 
@@ -444,7 +452,12 @@ impl Targets {
         idle: std::time::Duration,
         now: Instant,
     ) -> Vec<String> {
+        let mut forgotten = 0;
         while let Some((slot, name)) = self.recency.oldest() {
+            if forgotten == MAX_TARGETS_PER_TICK {
+                break;
+            }
+            forgotten += 1;
             let idle_for = self
                 .by_target
                 .get(name)
@@ -457,26 +470,25 @@ impl Targets {
         }
         let mut ended = Vec::new();
         if cfg.incident_window < self.aging_window {
-            // Queued for a longer window (a reload shortened it): everything is aged now, in one
-            // walk, and queued anew. A longer window needs nothing: what is queued early is
-            // queued again when it comes up.
-            self.aging_window = cfg.incident_window;
-            let mut queue = Vec::new();
-            for (name, t) in self.by_target.iter_mut() {
-                let (next, incident_ended) = t.age(cfg, now);
-                if incident_ended {
-                    ended.push(name.clone());
-                }
-                t.due = next;
-                queue.extend(next.map(|due| Reverse((due, t.slot))));
-            }
+            // Queued for a longer window (a reload shortened it): everything queued is due now,
+            // aged from this tick on as the budget allows. A longer window needs nothing: what is
+            // queued early is queued again when it comes up.
+            let queue: Vec<_> = self
+                .by_target
+                .values_mut()
+                .filter(|t| t.due.is_some())
+                .map(|t| {
+                    t.due = Some(now);
+                    Reverse((now, t.slot))
+                })
+                .collect();
             self.aging = queue.into();
-            return ended;
         }
         self.aging_window = cfg.incident_window;
         let mut again = Vec::new();
+        let mut visited = 0;
         while let Some(&Reverse((due, slot))) = self.aging.peek() {
-            if due > now {
+            if due > now || visited == MAX_TARGETS_PER_TICK {
                 break;
             }
             self.aging.pop();
@@ -490,6 +502,7 @@ impl Targets {
                 continue;
             }
             t.due = None;
+            visited += 1;
             let (next, incident_ended) = t.age(cfg, now);
             if incident_ended {
                 ended.push(name.to_string());
@@ -725,6 +738,61 @@ mod tests {
             t.expire(&short, TARGET_IDLE, Instant::now()),
             vec!["shop.example".to_string()]
         );
+    }
+
+    /// Ten thousand targets failing in the same instant all come due one window later: each tick
+    /// ages at most [`MAX_TARGETS_PER_TICK`] of them, soonest first, and an incident among them
+    /// still ends, a tick or two late. Idle targets are forgotten by the same budget.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_due_targets_is_aged_over_several_ticks() {
+        let cfg = HealthConfig {
+            max_targets: 20_000,
+            ..HealthConfig::default()
+        };
+        let mut t = Targets::default();
+        let ups = ids(10);
+        let n = 10_000;
+        for i in 0..n {
+            t.record(
+                &cfg,
+                &format!("t{i}.example"),
+                &ups[i % 10],
+                Sample::Ban,
+                true,
+                Answer::Unanswered,
+                10,
+                Instant::now(),
+            );
+        }
+        ban_everywhere(&mut t, &cfg, "shop.example", &ups);
+        assert!(t.in_incident("shop.example"));
+        assert_eq!(t.aging.len(), n + 1);
+        tokio::time::advance(cfg.incident_window + std::time::Duration::from_secs(1)).await;
+        let mut ended_at = None;
+        let ticks = (n + 1).div_ceil(MAX_TARGETS_PER_TICK);
+        for tick in 0..ticks {
+            let before = t.aging.len();
+            if t.expire(&cfg, TARGET_IDLE, Instant::now()) == ["shop.example"] {
+                ended_at = Some(tick);
+            }
+            assert_eq!(
+                before - t.aging.len(),
+                MAX_TARGETS_PER_TICK.min(before),
+                "{tick}"
+            );
+            tokio::time::advance(std::time::Duration::from_secs(1)).await;
+        }
+        assert!(t.aging.is_empty(), "all aged within {ticks} ticks");
+        assert!(ended_at.is_some(), "the incident ended");
+        assert!(!t.in_incident("shop.example"));
+        // Idle for good: forgotten by the same budget, oldest first.
+        tokio::time::advance(TARGET_IDLE).await;
+        t.expire(&cfg, TARGET_IDLE, Instant::now());
+        assert_eq!(t.len(), n + 1 - MAX_TARGETS_PER_TICK);
+        for _ in 1..ticks {
+            t.expire(&cfg, TARGET_IDLE, Instant::now());
+        }
+        assert_eq!(t.len(), 0);
     }
 
     /// Targets coming and going by the thousand (forgotten at `max_targets`) leave the ageing
