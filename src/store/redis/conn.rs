@@ -545,7 +545,9 @@ impl Inner {
         }
     }
 
-    /// [`Inner::hold_in_local_view`] for one pool (after a reload, while degraded).
+    /// [`Inner::hold_in_local_view`] for one pool (after a reload, while degraded). The counts
+    /// are read under the local view's pool lock, `held` included: nothing locks `held` first and
+    /// then calls the local view, so the two locks are always taken in this order.
     pub(super) fn hold_pool_in_local_view(&self, p: &PoolLocal) {
         let name = p.spec.load().name.clone();
         self.fallback.hold_all(&name, || {
