@@ -1815,9 +1815,10 @@ fn report(args: &ReportArgs) -> Result<(), BoxError> {
                         continue;
                     };
                     worst = worst.max(n);
-                    // While an instance serves from its local view, caps hold per instance, next
-                    // to the leases Redis granted before (operations.md, "Shared store"): up to
-                    // (n + 1) × max_concurrency.
+                    // While an instance serves from its local view, caps hold per instance (n ×
+                    // max_concurrency); once Redis is back, the local views' leases run on beside
+                    // its new grants (operations.md, "Shared store"): up to (n + 1) ×
+                    // max_concurrency, in a window or within the grace after it.
                     let in_outage = overlaps(&outages, ts, ts, OUTAGE_GRACE_MS);
                     if in_outage && n <= cap * (instances_n + 1) {
                         degraded += 1;

@@ -119,6 +119,26 @@ impl MemoryStore {
         lock(&entry).member_state(upstream)
     }
 
+    /// Counts leases held elsewhere against the caps of `pool`'s members: the Redis store, whose
+    /// local view this store is, tells it the leases Redis granted it that are still running, so
+    /// that while it serves degraded its own total per upstream stays within the cap. `held` lists
+    /// the members that hold any (the others hold none); it is called under the pool's lock, so a
+    /// count read there is not overwritten by an older one. They count in `leases_live` too.
+    pub fn hold_all(&self, pool: &str, held: impl FnOnce() -> Vec<(UpstreamId, u64)>) {
+        if let Ok(entry) = self.entry(pool) {
+            let mut state = lock(&entry);
+            state.hold_all(&held());
+        }
+    }
+
+    /// [`MemoryStore::hold_all`] for one member: `held` gives its count, read under the lock.
+    pub fn hold(&self, pool: &str, upstream: &UpstreamId, held: impl FnOnce() -> u64) {
+        if let Ok(entry) = self.entry(pool) {
+            let mut state = lock(&entry);
+            state.hold(upstream, held());
+        }
+    }
+
     fn entry(&self, pool: &str) -> Result<Arc<PoolEntry>, StoreError> {
         let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
         pools
@@ -447,6 +467,71 @@ mod tests {
             .unwrap(),
         );
         assert_eq!(c.upstream, a.upstream);
+    }
+
+    const ANY: Want<'static> = Want::Any {
+        exclude: &[],
+        within: None,
+    };
+
+    fn live(st: &PoolStatus) -> Vec<u64> {
+        st.members.iter().map(|m| m.leases_live).collect()
+    }
+
+    /// Leases held through Redis take capacity like the store's own, show in `leases_live`, and
+    /// give it back when their count drops; each `hold_all` replaces the counts whole.
+    #[tokio::test]
+    async fn held_leases_count_against_the_cap() {
+        let (s, m) = store(Strategy::LeastUsed, 2, Some(2)).await;
+        s.hold_all("p", || vec![(m[0].clone(), 2), (m[1].clone(), 1)]);
+        let g = granted(s.acquire("p", ANY).await.unwrap());
+        assert_eq!(g.upstream, m[1], "the only room left");
+        assert_eq!(s.acquire("p", ANY).await.unwrap(), Acquired::AtCapacity);
+        let session = Want::Session {
+            key: "k",
+            ttl: Duration::from_secs(60),
+            preferred: &m,
+            rebind: false,
+            within: None,
+        };
+        assert_eq!(s.acquire("p", session).await.unwrap(), Acquired::AtCapacity);
+        assert_eq!(live(&s.status("p").await.unwrap()), [2, 2]);
+        s.hold("p", &m[0], || 1);
+        let g2 = granted(s.acquire("p", ANY).await.unwrap());
+        assert_eq!(g2.upstream, m[0]);
+        assert_eq!(s.acquire("p", ANY).await.unwrap(), Acquired::AtCapacity);
+        // Whole replacement: members not listed hold none.
+        s.hold_all("p", Vec::new);
+        assert_eq!(live(&s.status("p").await.unwrap()), [1, 1]);
+        granted(s.acquire("p", ANY).await.unwrap());
+        granted(s.acquire("p", ANY).await.unwrap());
+        assert_eq!(s.acquire("p", ANY).await.unwrap(), Acquired::AtCapacity);
+        // Unknown pools and members are ignored; a reload keeps the counts of kept members.
+        s.hold_all("nope", Vec::new);
+        s.hold("p", &UpstreamId::new("stranger"), || 5);
+        s.hold("p", &m[1], || 7);
+        s.configure(PoolSpec {
+            name: "p".into(),
+            members: m.clone(),
+            strategy: Strategy::LeastUsed,
+            max_concurrency: Some(2),
+            lease_ttl: Duration::from_secs(10),
+        })
+        .await
+        .unwrap();
+        assert_eq!(live(&s.status("p").await.unwrap()), [2, 9]);
+    }
+
+    /// Least-connections weighs held leases in its order, and the order follows their changes.
+    #[tokio::test]
+    async fn least_connections_weighs_held_leases() {
+        let (s, m) = store(Strategy::LeastConnections, 3, None).await;
+        s.hold_all("p", || vec![(m[0].clone(), 1), (m[1].clone(), 1)]);
+        assert_eq!(granted(s.acquire("p", ANY).await.unwrap()).upstream, m[2]);
+        s.hold_all("p", || vec![(m[0].clone(), 1)]);
+        assert_eq!(granted(s.acquire("p", ANY).await.unwrap()).upstream, m[1]);
+        s.hold("p", &m[0], || 0);
+        assert_eq!(granted(s.acquire("p", ANY).await.unwrap()).upstream, m[0]);
     }
 
     #[tokio::test(start_paused = true)]

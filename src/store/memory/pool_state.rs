@@ -47,6 +47,9 @@ struct Member {
     rr_credit: u32,
     /// Live leases and their deadlines (each also in [`PoolState::deadlines`]).
     leases: FastMap<u64, Instant>,
+    /// Leases the Redis store holds on it through Redis, for which this store is the local view
+    /// (see [`PoolState::hold`]): they take capacity and count in the load like live leases.
+    held: u64,
     /// Still a member; a removed one lingers only until its last lease ends.
     in_pool: bool,
     /// Position in the configured member list: the last tie-break of `least-connections`.
@@ -63,6 +66,7 @@ impl Default for Member {
             state: MemberState::IN_SERVICE,
             rr_credit: 0,
             leases: FastMap::default(),
+            held: 0,
             in_pool: false,
             pos: 0,
             outcomes: [0; Outcome::ALL.len()],
@@ -78,11 +82,21 @@ impl Member {
         self.in_pool && self.state.eligible
     }
 
-    /// `least-connections` order: fewest live leases × cost, then fewest allocations, then
+    /// Leases running on it: its own and those held through Redis.
+    fn busy(&self) -> u64 {
+        self.leases.len() as u64 + self.held
+    }
+
+    /// Below `cap` (no cap: always).
+    fn has_room(&self, cap: Option<u32>) -> bool {
+        cap.is_none_or(|c| self.busy() < u64::from(c))
+    }
+
+    /// `least-connections` order: fewest running leases × cost, then fewest allocations, then
     /// configured order.
     fn load_key(&self) -> (u64, u64, u32) {
         (
-            self.leases.len() as u64 * u64::from(self.state.cost.max(1)),
+            self.busy() * u64::from(self.state.cost.max(1)),
             self.allocs,
             self.pos,
         )
@@ -159,11 +173,9 @@ impl PoolState {
     }
 
     fn at_cap(&self, id: &UpstreamId) -> bool {
-        let cap = self.spec.max_concurrency;
-        match self.members.get(id) {
-            Some(m) => cap.is_some_and(|cap| m.leases.len() >= cap as usize),
-            None => true,
-        }
+        self.members
+            .get(id)
+            .is_none_or(|m| !m.has_room(self.spec.max_concurrency))
     }
 
     /// A member new work may go to.
@@ -201,7 +213,7 @@ impl PoolState {
     fn acquire_any(&mut self, exclude: &[UpstreamId], now: Instant) -> Acquired {
         let mut saw_candidate = false;
         let cap = self.spec.max_concurrency;
-        let under_cap = |m: &Member| cap.is_none_or(|c| m.leases.len() < c as usize);
+        let under_cap = |m: &Member| m.has_room(cap);
         let pick = match self.spec.strategy {
             // The first entries of the ordered indexes: O(log n), plus one step per member
             // passed over (excluded, or at its cap).
@@ -520,6 +532,31 @@ impl PoolState {
         }
     }
 
+    /// Sets the leases held through Redis on every member: `held` lists the members that have
+    /// any (a member listed twice holds the sum); the others hold none.
+    pub(super) fn hold_all(&mut self, held: &[(UpstreamId, u64)]) {
+        let mut wanted: FastMap<&UpstreamId, u64> = FastMap::default();
+        for (id, n) in held {
+            *wanted.entry(id).or_default() += n;
+        }
+        let changed: Vec<(UpstreamId, u64)> = self
+            .members
+            .iter()
+            .filter_map(|(id, m)| {
+                let n = wanted.get(id).copied().unwrap_or(0);
+                (m.held != n).then(|| (id.clone(), n))
+            })
+            .collect();
+        for (id, n) in changed {
+            self.hold(&id, n);
+        }
+    }
+
+    /// Sets the leases held through Redis on `id` (a member of this store only: ignored).
+    pub(super) fn hold(&mut self, id: &UpstreamId, n: u64) {
+        self.update(id, |m| m.held = n);
+    }
+
     /// When the earliest live lease expires: capacity comes back then even if nobody releases.
     pub(super) fn earliest_deadline(&self) -> Option<Instant> {
         self.deadlines.first_key_value().map(|((at, _), _)| *at)
@@ -594,10 +631,9 @@ impl PoolState {
             .iter()
             .filter_map(|id| {
                 let m = self.members.get(id)?;
-                let live = m.leases.len() as u64;
                 Some(member_status(
                     id,
-                    live,
+                    m.busy(),
                     m.allocs,
                     &m.outcomes,
                     m.latency_total,

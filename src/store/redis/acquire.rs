@@ -359,7 +359,7 @@ impl Inner {
 
     /// A grant from the stock, when the pool keeps one and it holds a fresh grant; posts a
     /// refill when half of it is used.
-    fn from_stock(self: &Arc<Self>, p: &Arc<PoolLocal>) -> Option<Grant> {
+    fn from_stock(self: &Arc<Self>, pool: &str, p: &Arc<PoolLocal>) -> Option<Grant> {
         let (got, refill) = {
             let mut stock = locked(&p.stock);
             let got = stock.take(tokio::time::Instant::now());
@@ -371,6 +371,7 @@ impl Inner {
         }
         let upstream = got?;
         locked(&p.held).take(&upstream);
+        self.recount(pool, p, &upstream);
         Some(Grant {
             upstream,
             lease: new_lease(true),
@@ -399,7 +400,7 @@ impl Inner {
                 }
             )
         {
-            if let Some(grant) = inner.from_stock(p) {
+            if let Some(grant) = inner.from_stock(pool, p) {
                 return Ok(Acquired::Granted(grant));
             }
         }
@@ -435,7 +436,11 @@ impl Inner {
                     let upstream = UpstreamId::new(upstream);
                     if lease.0 & UNLISTED_LEASE != 0 {
                         locked(&p.held).take(&upstream);
+                    } else {
+                        p.live.take(&upstream);
                     }
+                    // A call that Redis answered after another found it gone (see `degrade`).
+                    inner.recount(pool, p, &upstream);
                     Acquired::Granted(Grant {
                         upstream,
                         lease,

@@ -17,7 +17,8 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use super::release::Release;
 use super::scripts::Call;
 use super::{
-    CONFIGURE_TIMEOUT, Fault, Inner, RedisSettings, Target, UNLISTED_LEASE, locked, parse_target,
+    CONFIGURE_TIMEOUT, Fault, Inner, PoolLocal, RedisSettings, Target, UNLISTED_LEASE, locked,
+    parse_target,
 };
 use crate::config::StoreTls;
 use crate::store::{LeaseId, MemberState, StoreError};
@@ -507,9 +508,19 @@ impl Inner {
     }
 
     /// Switches to the local view (once) and makes sure a reconnection is under way.
+    ///
+    /// The local view is told this instance's live Redis leases (see `live.rs`) before the switch,
+    /// so that the acquires that follow it at once find them, and again after: a lease granted or
+    /// released in between, by a thread that still saw the store `ok`, is in the second count (its
+    /// count moved before it read the flag, and the count is read after the flag was set); one
+    /// that saw it degraded tells the local view itself ([`Inner::recount`]).
     pub(super) fn degrade(self: &Arc<Self>, why: &str) {
         *locked(&self.degraded_reason) = Some(why.to_string());
+        if !self.is_degraded() {
+            self.hold_in_local_view();
+        }
         if !self.degraded.swap(true, Ordering::SeqCst) {
+            self.hold_in_local_view();
             *locked(&self.degraded_since) = Some(std::time::Instant::now());
             tracing::warn!(
                 store = %self.redacted, reason = why,
@@ -522,6 +533,42 @@ impl Inner {
             let inner = self.clone();
             tokio::spawn(async move { inner.recover().await });
         }
+    }
+
+    /// Tells the local view, for every pool, the leases Redis granted this instance that still
+    /// run: it counts them against the caps and in the least-connections order while degraded.
+    /// Each switch replaces the counts whole, so nothing is cleared when Redis is back (the local
+    /// view serves nothing then).
+    fn hold_in_local_view(&self) {
+        for p in self.all_pools() {
+            self.hold_pool_in_local_view(&p);
+        }
+    }
+
+    /// [`Inner::hold_in_local_view`] for one pool (after a reload, while degraded). The counts
+    /// are read under the local view's pool lock, `held` included: nothing locks `held` first and
+    /// then calls the local view, so the two locks are always taken in this order.
+    pub(super) fn hold_pool_in_local_view(&self, p: &PoolLocal) {
+        let name = p.spec.load().name.clone();
+        self.fallback.hold_all(&name, || {
+            let mut counts = p.live.counts();
+            counts.extend(locked(&p.held).counts().iter().cloned());
+            counts
+        });
+    }
+
+    /// This instance's count of its Redis leases on `upstream` moved (a lease granted or ended);
+    /// while degraded the local view takes the new count (read under its lock, so a later count
+    /// is never overwritten by this one). True when the local view was told: a release then
+    /// freed capacity there.
+    pub(super) fn recount(&self, pool: &str, p: &PoolLocal, upstream: &UpstreamId) -> bool {
+        if !self.is_degraded() {
+            return false;
+        }
+        self.fallback.hold(pool, upstream, || {
+            p.live.of(upstream) + locked(&p.held).of(upstream.as_str())
+        });
+        true
     }
 
     /// Keeps `make()` for replay if the store is degraded (decided under the backlog lock, so a

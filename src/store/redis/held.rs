@@ -49,6 +49,11 @@ impl Held {
         }
     }
 
+    /// Live unlisted leases per upstream.
+    pub fn counts(&self) -> &[(UpstreamId, u64)] {
+        &self.counts
+    }
+
     /// Live unlisted leases of `upstream`.
     pub fn of(&self, upstream: &str) -> u64 {
         self.counts

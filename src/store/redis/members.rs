@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::conn::Deferred;
 use super::scripts::{self, Call};
-use super::{CONFIGURE_TIMEOUT, Fault, Inner, PoolLocal, broken, locked};
+use super::{CONFIGURE_TIMEOUT, Fault, Inner, PoolLocal, broken, locked, takes_unlisted_leases};
 use crate::store::{MemberChange, MemberState, PoolSpec, Store, StoreError};
 use crate::upstream::UpstreamId;
 
@@ -44,6 +44,8 @@ impl Inner {
             match pools.get(&spec.name) {
                 Some(p) => {
                     p.spec.store(Arc::new(spec.clone()));
+                    p.live
+                        .reconfigure(&spec.members, !takes_unlisted_leases(&spec));
                     locked(&p.stock).clear();
                     p.clone()
                 }
@@ -58,6 +60,8 @@ impl Inner {
             c.insert(p.keys.events.clone());
         });
         if self.is_degraded() {
+            // The local view was declared afresh above: members it gained learn their counts.
+            self.hold_pool_in_local_view(&p);
             // The recovery declares every pool.
             return Ok(());
         }

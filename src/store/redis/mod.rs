@@ -14,9 +14,10 @@
 //! # When Redis is unreachable
 //! Every call is bounded by `[store] timeout`. The first failure switches the instance to
 //! *degraded*: it serves from an embedded [`MemoryStore`] configured with the same pools (caps and
-//! session bindings then hold per instance, not globally), keeps the writes Redis missed (lease
-//! releases, member settings, unbinds) in a bounded backlog, and reconnects in the background with
-//! backoff. Once Redis answers, the backlog is replayed (after re-declaring the pools, and
+//! session bindings then hold per instance, not globally; the leases Redis granted this instance
+//! that still run count against the caps there, see `live.rs`), keeps the writes Redis missed
+//! (lease releases, member settings, unbinds) in a bounded backlog, and reconnects in the
+//! background with backoff. Once Redis answers, the backlog is replayed (after re-declaring the pools, and
 //! re-applying every member setting of this instance if Redis lost its data), and the instance is
 //! `ok` again. Sessions re-derive the same upstream by consistent hashing either way.
 //!
@@ -28,8 +29,9 @@
 //! # Layout
 //! [`RedisStore`] and its [`Store`] methods are here, each one handing over to the module that does
 //! the job: `conn.rs` (connections, degraded mode), `sentinel.rs` (following the master the
-//! sentinels name), `acquire.rs`, `release.rs` (and statistics),
-//! `members.rs` (pools, member settings, lists), `sessions.rs`, `status.rs` and `locks.rs`.
+//! sentinels name), `acquire.rs`, `release.rs` (and statistics), `held.rs` and `live.rs` (this
+//! instance's live leases per upstream, unlisted and listed), `members.rs` (pools, member
+//! settings, lists), `sessions.rs`, `status.rs` and `locks.rs`.
 
 mod acquire;
 mod batch;
@@ -37,6 +39,7 @@ mod conn;
 mod events;
 mod held;
 mod keys;
+mod live;
 mod locks;
 mod members;
 mod release;
@@ -177,6 +180,8 @@ struct PoolLocal {
     stats: Mutex<stats::Pending>,
     /// This instance's unlisted leases (see `held.rs`).
     held: Mutex<held::Held>,
+    /// This instance's listed leases per upstream, for the local view (see `live.rs`).
+    live: live::Live,
     /// Grants taken ahead of need (see `stock.rs`).
     stock: Mutex<stock::Stock>,
     /// Label-filter subsets this instance has sent the members of: later acquires within them
@@ -194,6 +199,8 @@ impl PoolLocal {
 
     /// A pool's local state, nothing sent yet.
     fn new(prefix: &str, spec: &PoolSpec, calls: &TaskTracker) -> PoolLocal {
+        let live = live::Live::default();
+        live.reconfigure(&spec.members, !takes_unlisted_leases(spec));
         PoolLocal {
             keys: PoolKeys::new(prefix, &spec.name),
             spec: ArcSwap::from_pointee(spec.clone()),
@@ -209,6 +216,7 @@ impl PoolLocal {
             releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, calls.clone())),
             stats: Mutex::default(),
             held: Mutex::default(),
+            live,
             stock: Mutex::default(),
         }
     }

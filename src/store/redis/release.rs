@@ -214,7 +214,9 @@ impl Inner {
 
     /// The release that must go to Redis, or `None` when it is done already: a lease of the local
     /// view ends there, an unlisted lease here (its outcome joins the pending statistics), and
-    /// while degraded the release waits in the backlog for replay.
+    /// while degraded the release waits in the backlog for replay. A lease Redis granted leaves
+    /// this instance's count of them (`held.rs`, `live.rs`) at once, and so, while degraded, the
+    /// local view's.
     fn to_send(
         &self,
         pool: &str,
@@ -234,8 +236,16 @@ impl Inner {
         }
         if lease.0 & UNLISTED_LEASE != 0 {
             locked(&p.held).end(upstream);
+            if self.recount(pool, &p, upstream) {
+                p.wake();
+            }
             locked(&p.stats).add(upstream, outcome, latency);
             return Ok(None);
+        }
+        p.live.end(upstream);
+        if self.recount(pool, &p, upstream) {
+            // The local view counted this lease against the cap: its capacity is free there.
+            p.wake();
         }
         let r = Release {
             upstream: Some(upstream.clone()),
