@@ -58,7 +58,7 @@ impl Config {
                 p.upstreams
                     .iter()
                     .enumerate()
-                    .map(move |(i, u)| (format!("pools.{}.upstreams[{i}]", p.name), u))
+                    .map(move |(i, u)| (format!("pools.{}.upstreams[{i}]", p.name), &**u))
             });
             let from_files = listed.iter().flat_map(|(pool, ups)| {
                 ups.iter()

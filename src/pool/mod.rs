@@ -42,10 +42,15 @@ impl Pool {
     pub fn new(config: PoolConfig, listed: Vec<Upstream>, health: &health::Registry) -> Self {
         let mut upstreams = FastMap::default();
         let mut members = Vec::new();
-        for u in config.upstreams.iter().cloned().chain(listed) {
+        for u in config
+            .upstreams
+            .iter()
+            .cloned()
+            .chain(listed.into_iter().map(Arc::new))
+        {
             if !upstreams.contains_key(&u.id) {
                 members.push(u.id.clone());
-                upstreams.insert(u.id.clone(), Arc::new(u));
+                upstreams.insert(u.id.clone(), u);
             }
         }
         let health = health.pool(&config, &members);
