@@ -60,7 +60,7 @@ pub fn history_tick(gw: &Gateway) {
         .map(|p| crate::history::PoolGauges {
             name: p.name().to_string(),
             bytes: gw.meter.pool(p.name()),
-            states: p.health.view().counts_by_state,
+            states: p.health.counts_by_state(),
         })
         .collect();
     let t = std::time::SystemTime::now()

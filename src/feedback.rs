@@ -167,10 +167,7 @@ async fn accept(gw: &Gateway, req: Request<Incoming>) -> Result<Recorded, Reject
         // Without a figure, the upstream's usual latency: a report does not skew averages.
         None => pool
             .health
-            .view()
-            .upstreams
-            .get(&id)
-            .and_then(|v| v.latency_ewma_ms)
+            .latency_ewma_ms(&id)
             .map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1000.0)),
     };
     let changes = pool.health.observe(&id, &target, outcome, latency);

@@ -5,7 +5,7 @@
 //! allocator settings the store must apply. It holds no I/O and no clock of its own beyond
 //! `tokio::time::Instant::now()`, so tests drive it on a paused clock.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -155,6 +155,25 @@ fn sample_of(outcome: Outcome) -> Option<Sample> {
         Outcome::Captcha | Outcome::Blocked => Some(Sample::Ban),
         Outcome::Cancelled => None,
     }
+}
+
+/// Members per health state, every state present (zero or not).
+fn counts_by_state(e: &Engine) -> BTreeMap<&'static str, usize> {
+    let mut counts: BTreeMap<_, _> = [
+        State::Healthy,
+        State::Degraded,
+        State::Quarantined,
+        State::HalfOpen,
+        State::Dead,
+        State::Drained,
+    ]
+    .into_iter()
+    .map(|s| (s.as_str(), 0))
+    .collect();
+    for t in e.upstreams.values() {
+        *counts.entry(t.machine.state().as_str()).or_default() += 1;
+    }
+    counts
 }
 
 impl PoolHealth {
@@ -761,24 +780,25 @@ impl PoolHealth {
             .map(|t| t.machine.state())
     }
 
+    /// Members per health state (every state present): what the dashboard's history keeps
+    /// every 10 s, without the per-member [`PoolHealth::view`] (28 MB of a 100,000-member pool).
+    pub fn counts_by_state(&self) -> BTreeMap<&'static str, usize> {
+        counts_by_state(&self.lock())
+    }
+
+    /// The upstream's latency average, if it has one (what a feedback report without a figure
+    /// is counted with).
+    pub fn latency_ewma_ms(&self, upstream: &UpstreamId) -> Option<f64> {
+        self.lock().upstreams.get(upstream)?.latency_ewma_ms
+    }
+
     pub fn view(&self) -> PoolHealthView {
         let now = Instant::now();
         let e = self.lock();
-        let mut counts_by_state = std::collections::BTreeMap::new();
-        for s in [
-            State::Healthy,
-            State::Degraded,
-            State::Quarantined,
-            State::HalfOpen,
-            State::Dead,
-            State::Drained,
-        ] {
-            counts_by_state.insert(s.as_str(), 0);
-        }
+        let counts_by_state = counts_by_state(&e);
         let mut upstreams = HashMap::new();
         for (id, t) in &e.upstreams {
             let m = &t.machine;
-            *counts_by_state.entry(m.state().as_str()).or_default() += 1;
             upstreams.insert(
                 id.clone(),
                 UpstreamHealthView {
@@ -897,6 +917,27 @@ mod tests {
             .find(|r| r.target == target)
             .and_then(|r| r.cells.iter().find(|c| c.upstream == upstream))
             .map_or(0, |c| c.counts.bans)
+    }
+
+    /// The per-state counts and one member's latency, read without the whole view, agree with
+    /// the view.
+    #[tokio::test(start_paused = true)]
+    async fn counts_by_state_and_latency_read_alone_match_the_view() {
+        let h = pool(6);
+        for _ in 0..20 {
+            h.observe(&id("u0"), "a.example", Outcome::ConnectError, Duration::ZERO);
+        }
+        h.observe(&id("u1"), "a.example", Outcome::Ok, Duration::from_millis(40));
+        let view = h.view();
+        assert_ne!(view.counts_by_state["healthy"], 6, "u0 left the healthy state");
+        assert_eq!(h.counts_by_state(), view.counts_by_state);
+        assert_eq!(h.counts_by_state().values().sum::<usize>(), 6);
+        assert_eq!(
+            h.latency_ewma_ms(&id("u1")),
+            view.upstreams[&id("u1")].latency_ewma_ms
+        );
+        assert!(h.latency_ewma_ms(&id("u1")).is_some());
+        assert_eq!(h.latency_ewma_ms(&id("nobody")), None);
     }
 
     /// A target seen through more upstreams than the matrix shows keeps the busiest cells, in
