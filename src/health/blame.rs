@@ -582,6 +582,27 @@ impl Targets {
 mod tests {
     use super::*;
 
+    /// `sample` of `upstream` on `target` now, about the target, with no answer compared.
+    fn seen(
+        t: &mut Targets,
+        cfg: &HealthConfig,
+        target: &str,
+        upstream: &UpstreamId,
+        sample: Sample,
+        members: usize,
+    ) -> Recorded {
+        t.record(
+            cfg,
+            target,
+            upstream,
+            sample,
+            true,
+            Answer::Unanswered,
+            members,
+            Instant::now(),
+        )
+    }
+
     fn ids(n: usize) -> Vec<UpstreamId> {
         (0..n).map(|i| UpstreamId::new(format!("u{i}"))).collect()
     }
@@ -622,16 +643,7 @@ mod tests {
         );
         assert!(t.in_incident("shop.example"));
         for u in &ups {
-            t.record(
-                &cfg,
-                "shop.example",
-                u,
-                Sample::Success,
-                true,
-                Answer::Unanswered,
-                10,
-                Instant::now(),
-            );
+            seen(&mut t, &cfg, "shop.example", u, Sample::Success, 10);
         }
         assert!(!t.in_incident("shop.example"));
     }
@@ -639,16 +651,7 @@ mod tests {
     /// Bans on every upstream of a 10-member pool: an incident on `target`.
     fn ban_everywhere(t: &mut Targets, cfg: &HealthConfig, target: &str, ups: &[UpstreamId]) {
         for u in ups {
-            t.record(
-                cfg,
-                target,
-                u,
-                Sample::Ban,
-                true,
-                Answer::Unanswered,
-                ups.len(),
-                Instant::now(),
-            );
+            seen(t, cfg, target, u, Sample::Ban, ups.len());
         }
     }
 
@@ -662,15 +665,13 @@ mod tests {
         let ups = ids(10);
         for i in 0..1000 {
             // Seen, never failing and never answering: nothing to age.
-            t.record(
+            seen(
+                &mut t,
                 &cfg,
                 &format!("quiet{i}.example"),
                 &ups[0],
                 Sample::Success,
-                true,
-                Answer::Unanswered,
                 10,
-                Instant::now(),
             );
         }
         ban_everywhere(&mut t, &cfg, "shop.example", &ups);
@@ -753,15 +754,13 @@ mod tests {
         let ups = ids(10);
         let n = 10_000;
         for i in 0..n {
-            t.record(
+            seen(
+                &mut t,
                 &cfg,
                 &format!("t{i}.example"),
                 &ups[i % 10],
                 Sample::Ban,
-                true,
-                Answer::Unanswered,
                 10,
-                Instant::now(),
             );
         }
         ban_everywhere(&mut t, &cfg, "shop.example", &ups);
@@ -806,16 +805,7 @@ mod tests {
         let mut t = Targets::default();
         let u = UpstreamId::new("u");
         for i in 0..10_000 {
-            t.record(
-                &cfg,
-                &format!("t{i}.example"),
-                &u,
-                Sample::Ban,
-                true,
-                Answer::Unanswered,
-                1,
-                Instant::now(),
-            );
+            seen(&mut t, &cfg, &format!("t{i}.example"), &u, Sample::Ban, 1);
             if i % 100 == 0 {
                 t.expire(&cfg, TARGET_IDLE, Instant::now());
                 assert!(t.aging.len() <= 2 * t.len() + 64, "{}", t.aging.len());
@@ -833,17 +823,7 @@ mod tests {
         let mut t = Targets::default();
         let ups = ids(10);
         let ban = |t: &mut Targets, u: &UpstreamId| {
-            t.record(
-                &cfg,
-                "shop.example",
-                u,
-                Sample::Ban,
-                true,
-                Answer::Unanswered,
-                10,
-                Instant::now(),
-            )
-            .change
+            seen(t, &cfg, "shop.example", u, Sample::Ban, 10).change
         };
         ban(&mut t, &ups[0]);
         t.blamed("shop.example", &ups[0], Instant::now());
@@ -1034,15 +1014,13 @@ mod tests {
         let mut t = Targets::default();
         let u = UpstreamId::new("u");
         for i in 0..1000 {
-            t.record(
+            seen(
+                &mut t,
                 &cfg,
                 &format!("t{i}.example"),
                 &u,
                 Sample::Success,
-                true,
-                Answer::Unanswered,
                 1,
-                Instant::now(),
             );
             tokio::time::advance(std::time::Duration::from_millis(1)).await;
         }
@@ -1059,16 +1037,7 @@ mod tests {
         let mut t = Targets::default();
         let u = UpstreamId::new("u");
         let see = |t: &mut Targets, name: &str| {
-            t.record(
-                &cfg,
-                name,
-                &u,
-                Sample::Ban,
-                true,
-                Answer::Unanswered,
-                1,
-                Instant::now(),
-            );
+            seen(t, &cfg, name, &u, Sample::Ban, 1);
         };
         for name in ["a", "b", "c", "a", "d"] {
             see(&mut t, name);

@@ -925,11 +925,24 @@ mod tests {
     async fn counts_by_state_and_latency_read_alone_match_the_view() {
         let h = pool(6);
         for _ in 0..20 {
-            h.observe(&id("u0"), "a.example", Outcome::ConnectError, Duration::ZERO);
+            h.observe(
+                &id("u0"),
+                "a.example",
+                Outcome::ConnectError,
+                Duration::ZERO,
+            );
         }
-        h.observe(&id("u1"), "a.example", Outcome::Ok, Duration::from_millis(40));
+        h.observe(
+            &id("u1"),
+            "a.example",
+            Outcome::Ok,
+            Duration::from_millis(40),
+        );
         let view = h.view();
-        assert_ne!(view.counts_by_state["healthy"], 6, "u0 left the healthy state");
+        assert_ne!(
+            view.counts_by_state["healthy"], 6,
+            "u0 left the healthy state"
+        );
         assert_eq!(h.counts_by_state(), view.counts_by_state);
         assert_eq!(h.counts_by_state().values().sum::<usize>(), 6);
         assert_eq!(
