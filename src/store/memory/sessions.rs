@@ -1,8 +1,15 @@
 //! One pool's session bindings in the embedded store: session key → upstream, until an expiry.
 //!
-//! Built for a million bindings a pool. A binding takes a 40-byte slot: the key boxed (16 bytes,
-//! where a `String` takes 24), the upstream (a shared `Arc`) and the expiry as nanoseconds from
-//! the pool's epoch (8 bytes, where an `Instant` takes 16); plus the key's own allocation.
+//! Built for a million bindings a pool, where a lookup's cost is its misses to memory. A
+//! binding is one 48-byte slot and nothing else: the key in place ([`StoredKey`]: a minted key
+//! as its 16 bytes, keys up to 22 bytes as they are, only longer ones boxed), the upstream (a
+//! shared `Arc`) and the expiry as nanoseconds from the pool's epoch (8 bytes, where an
+//! `Instant` takes 16). So a lookup reads the table's control bytes and the slot, and no key
+//! behind a pointer.
+//!
+//! A key is hashed once per call, with the standard library's keyed SipHash (the keys are the
+//! clients': they must not be able to craft collisions): some of the hash's bits pick the
+//! key's shard, the rest place it in the shard's table.
 //!
 //! Expired bindings are dropped by a sweep, and lookups ignore an expired binding whether it was
 //! swept or not. The bindings are split into [`SHARDS`] maps, swept one at a time, so a sweep
@@ -19,31 +26,45 @@
 //! expiry falls in, up to 1 s after it expired and never before (sooner if a sweep drops it
 //! first). It costs nothing per binding: a binding's second is its expiry, rounded up.
 
+use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
+use super::stored_key::{Probe, StoredKey};
 use crate::upstream::UpstreamId;
 
 /// How often each shard's expired bindings are swept out, at most.
 pub(super) const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Maps the bindings are split into; one is swept at a time.
+/// Maps the bindings are split into; one is swept at a time. A power of two: a key's shard is
+/// bits of its hash.
 pub(super) const SHARDS: usize = 64;
+
+const _: () = assert!(SHARDS.is_power_of_two());
+
+/// Where a key's shard is read from its hash: the bits just below the top 7, which the tables
+/// keep in their control bytes, and far above the low bits that pick a slot in a table.
+const SHARD_SHIFT: u32 = 64 - 7 - SHARDS.trailing_zeros();
 
 /// The live count's step: nanoseconds in a second (`BUCKET_MS` in `lua/acquire.lua`).
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
-struct Binding {
+/// A binding: one slot of its shard's table.
+struct Slot {
+    key: StoredKey,
     upstream: UpstreamId,
     /// Nanoseconds from [`Sessions::epoch`].
     expires: u64,
 }
 
-// A binding's slot in its map (key and binding) is the 40 bytes the module doc counts on.
-const _: () = assert!(size_of::<(Box<str>, Binding)>() == 40);
+// The 48 bytes the module doc counts on: the key in place (24, see `stored_key`), the upstream
+// (16) and the expiry (8). It was 40 with the key boxed, plus the key's own allocation (32
+// bytes for a minted key) and a miss to memory to compare it at every lookup.
+const _: () = assert!(size_of::<Slot>() == 48);
 
 /// The second (from the epoch) an expiry in nanoseconds falls in: the first whole second at or
 /// after it, so a binding is counted at least until it expires.
@@ -110,13 +131,13 @@ impl ByExpiry {
     }
 }
 
-/// Session key → binding, in [`SHARDS`] maps. The maps keep the standard library's hasher: the
-/// keys are the clients'.
+/// Session key → binding, in [`SHARDS`] tables.
 pub(super) struct Sessions {
-    shards: Box<[HashMap<Box<str>, Binding>]>,
-    /// Picks a key's shard (with the key's xxh3): a client that crafts keys into one shard only
-    /// makes that shard's sweeps as long as a whole sweep was; the maps' own hashing is keyed.
-    seed: u64,
+    shards: Box<[HashTable<Slot>]>,
+    /// The standard library's keyed SipHash, keyed afresh per pool: the keys are the clients',
+    /// so they cannot craft keys into one shard (whose sweep would be as long as a whole sweep
+    /// was) or into one chain of a table.
+    hasher: RandomState,
     /// Expiries are counted from here: no binding outlives 584 years of it.
     epoch: Instant,
     next_shard: usize,
@@ -128,8 +149,8 @@ pub(super) struct Sessions {
 impl Sessions {
     pub fn new(now: Instant) -> Self {
         Sessions {
-            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
-            seed: rand::random(),
+            shards: (0..SHARDS).map(|_| HashTable::new()).collect(),
+            hasher: RandomState::new(),
             epoch: now,
             next_shard: 0,
             last_sweep: now,
@@ -141,32 +162,44 @@ impl Sessions {
         at.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
-    fn shard(&self, key: &str) -> usize {
-        xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), self.seed) as usize % SHARDS
+    /// The key's hash (see [`SHARD_SHIFT`] for which bits go where).
+    fn hash(&self, key: &Probe<'_>) -> u64 {
+        self.hasher.hash_one(key.hashed())
+    }
+
+    /// The shard a key with this hash is in.
+    fn shard(hash: u64) -> usize {
+        (hash >> SHARD_SHIFT) as usize % SHARDS
+    }
+
+    fn slot(&self, key: &str) -> Option<&Slot> {
+        let key = Probe::new(key);
+        let hash = self.hash(&key);
+        self.shards[Self::shard(hash)].find(hash, |s| s.key.is(&key))
     }
 
     /// The upstream `key` is bound to, if its binding is live at `now`.
     pub fn live(&self, key: &str, now: Instant) -> Option<&UpstreamId> {
         let now = self.ticks(now);
-        self.shards[self.shard(key)]
-            .get(key)
-            .filter(|b| b.expires > now)
-            .map(|b| &b.upstream)
+        self.slot(key)
+            .filter(|s| s.expires > now)
+            .map(|s| &s.upstream)
     }
 
     /// The upstream `key` is bound to, live or expired but not yet swept.
     pub fn bound(&self, key: &str) -> Option<&UpstreamId> {
-        self.shards[self.shard(key)].get(key).map(|b| &b.upstream)
+        self.slot(key).map(|s| &s.upstream)
     }
 
     /// Moves `key`'s expiry to `expires`, if it has a binding. Every lookup does this: the count
     /// changes only when the expiry moves into another second (once a second for a busy key).
     pub fn refresh(&mut self, key: &str, expires: Instant) {
         let expires = self.ticks(expires);
-        let shard = self.shard(key);
-        if let Some(b) = self.shards[shard].get_mut(key) {
-            let (from, to) = (second_of(b.expires), second_of(expires));
-            b.expires = expires;
+        let key = Probe::new(key);
+        let hash = self.hash(&key);
+        if let Some(s) = self.shards[Self::shard(hash)].find_mut(hash, |s| s.key.is(&key)) {
+            let (from, to) = (second_of(s.expires), second_of(expires));
+            s.expires = expires;
             if from != to {
                 self.live.moved(from, to);
             }
@@ -175,27 +208,38 @@ impl Sessions {
 
     /// Binds `key` to `upstream` until `expires`, replacing any binding it had.
     pub fn bind(&mut self, key: &str, upstream: &UpstreamId, expires: Instant) {
-        let binding = Binding {
-            upstream: upstream.clone(),
-            expires: self.ticks(expires),
-        };
-        let to = second_of(binding.expires);
-        let shard = self.shard(key);
-        match self.shards[shard].insert(key.into(), binding) {
-            Some(old) => self.live.moved(second_of(old.expires), to),
-            None => self.live.add(to),
+        let expires = self.ticks(expires);
+        let to = second_of(expires);
+        let key = Probe::new(key);
+        let hash = self.hash(&key);
+        let hasher = &self.hasher;
+        let shard = &mut self.shards[Self::shard(hash)];
+        if let Some(s) = shard.find_mut(hash, |s| s.key.is(&key)) {
+            self.live.moved(second_of(s.expires), to);
+            s.upstream = upstream.clone();
+            s.expires = expires;
+            return;
         }
+        let slot = Slot {
+            key: key.to_stored(),
+            upstream: upstream.clone(),
+            expires,
+        };
+        shard.insert_unique(hash, slot, |s| hasher.hash_one(s.key.hashed()));
+        self.live.add(to);
     }
 
     /// Drops `key`'s binding; true when it was live at `now`.
     pub fn remove(&mut self, key: &str, now: Instant) -> bool {
         let now = self.ticks(now);
-        let shard = self.shard(key);
-        let Some(b) = self.shards[shard].remove(key) else {
+        let key = Probe::new(key);
+        let hash = self.hash(&key);
+        let Ok(found) = self.shards[Self::shard(hash)].find_entry(hash, |s| s.key.is(&key)) else {
             return false;
         };
-        self.live.take(second_of(b.expires));
-        b.expires > now
+        let (s, _) = found.remove();
+        self.live.take(second_of(s.expires));
+        s.expires > now
     }
 
     /// Bindings counted at `now`: those whose expiry's second has not ended (see the module
@@ -208,7 +252,7 @@ impl Sessions {
     /// Bindings held, expired ones not yet swept included.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shards.iter().map(HashMap::len).sum()
+        self.shards.iter().map(HashTable::len).sum()
     }
 
     /// What [`Sessions::count_live`] counts, by walking every binding (as it did before).
@@ -217,7 +261,7 @@ impl Sessions {
         let now = self.ticks(now) / NANOS_PER_SECOND;
         self.shards
             .iter()
-            .map(|s| s.values().filter(|b| second_of(b.expires) > now).count())
+            .map(|s| s.iter().filter(|b| second_of(b.expires) > now).count())
             .sum()
     }
 
@@ -225,7 +269,7 @@ impl Sessions {
     #[cfg(test)]
     fn seconds_walked(&self) -> BTreeMap<u64, u32> {
         let mut seconds = BTreeMap::new();
-        for b in self.shards.iter().flat_map(HashMap::values) {
+        for b in self.shards.iter().flat_map(HashTable::iter) {
             let s = second_of(b.expires);
             if s > self.live.aged_through {
                 *seconds.entry(s).or_default() += 1;
@@ -243,7 +287,7 @@ impl Sessions {
         let ticks = self.ticks(now);
         self.live.age(ticks / NANOS_PER_SECOND);
         let live = &mut self.live;
-        self.shards[self.next_shard].retain(|_, b| {
+        self.shards[self.next_shard].retain(|b| {
             let keep = b.expires > ticks;
             if !keep {
                 // Expired within the current second: still counted until now.
@@ -265,6 +309,22 @@ mod tests {
 
     fn up(i: usize) -> UpstreamId {
         UpstreamId::new(format!("u{i}"))
+    }
+
+    /// Key `i`, in one of the forms keys are stored in, by `i % 6`: a minted key (hex), the same
+    /// digits in uppercase (boxed), short, empty or short Unicode (inline), long (boxed).
+    fn mixed_key(i: usize) -> String {
+        let digits = (i as u128 / 6 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+        let hex = format!("{digits:032x}");
+        match i % 6 {
+            0 => hex,
+            1 => hex.to_uppercase(),
+            2 => format!("k{i}"),
+            3 if i == 3 => String::new(),
+            3 => format!("ключ{i}"),
+            4 => format!("session-{i}-of-a-key-too-long-to-fit-in-the-slot"),
+            _ => format!("{hex}-and-more"),
+        }
     }
 
     /// The per-second counts, checked against the bindings held, as (second, bindings) pairs.
@@ -292,6 +352,48 @@ mod tests {
         s.bind("k", &up(2), t0 + Duration::from_secs(60));
         assert!(s.remove("k", t0));
         assert_eq!((s.bound("k"), s.len()), (None, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_of_every_form_are_found_through_growth_and_removal() {
+        let t0 = Instant::now();
+        let until = t0 + Duration::from_secs(60);
+        let mut s = Sessions::new(t0);
+        let n = 6_000;
+        let distinct: std::collections::HashSet<_> = (0..n).map(mixed_key).collect();
+        assert_eq!(distinct.len(), n);
+        for i in 0..n {
+            s.bind(&mixed_key(i), &up(i), until);
+        }
+        assert_eq!(s.len(), n);
+        for i in 0..n {
+            let key = mixed_key(i);
+            assert_eq!(s.live(&key, t0), Some(&up(i)), "{key:?}");
+            assert_eq!(s.bound(&key), Some(&up(i)), "{key:?}");
+        }
+        // A minted key and its uppercase: two keys, each with its own binding.
+        let (lower, upper) = (mixed_key(6), mixed_key(7));
+        assert_eq!(lower.to_uppercase(), upper);
+        assert_eq!(
+            (s.bound(&lower), s.bound(&upper)),
+            (Some(&up(6)), Some(&up(7)))
+        );
+        assert_eq!(s.bound(&lower.to_uppercase()[..31]), None);
+        // A rebind replaces in place, whatever the form.
+        for i in 0..12 {
+            s.bind(&mixed_key(i), &up(i + n), until);
+            assert_eq!(s.bound(&mixed_key(i)), Some(&up(i + n)));
+        }
+        assert_eq!(s.len(), n);
+        for i in (0..n).step_by(2) {
+            assert!(s.remove(&mixed_key(i), t0), "{:?}", mixed_key(i));
+        }
+        assert_eq!(s.len(), n / 2);
+        for i in 0..n {
+            let want = (i % 2 == 1).then(|| up(if i < 12 { i + n } else { i }));
+            assert_eq!(s.bound(&mixed_key(i)).cloned(), want, "{:?}", mixed_key(i));
+        }
+        assert_eq!(s.count_live(t0), s.walk_live(t0));
     }
 
     #[tokio::test(start_paused = true)]
@@ -437,7 +539,7 @@ mod tests {
         let mut now = t0;
         let mut checked = 0;
         for step in 0..5_000 {
-            let key = format!("k{}", rng.random_range(0..KEYS));
+            let key = mixed_key(rng.random_range(0..KEYS));
             let expires = now + Duration::from_millis(rng.random_range(0..=MAX_TTL_MS));
             match rng.random_range(0..100) {
                 0..30 => s.bind(&key, &up(step % 3), expires),
