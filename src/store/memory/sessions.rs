@@ -131,6 +131,22 @@ impl ByExpiry {
     }
 }
 
+/// A session key made ready for lookups in one [`Sessions`] ([`Sessions::key`]): its stored
+/// form and its hash, computed once per store call, where a session acquire looks its key up
+/// and then slides its expiry.
+#[derive(Clone, Copy)]
+pub(super) struct Key<'a> {
+    probe: Probe<'a>,
+    /// The key's hash with its store's hasher: bits [`SHARD_SHIFT`].. pick the shard.
+    hash: u64,
+}
+
+impl Key<'_> {
+    fn shard(&self) -> usize {
+        (self.hash >> SHARD_SHIFT) as usize % SHARDS
+    }
+}
+
 /// Session key → binding, in [`SHARDS`] tables.
 pub(super) struct Sessions {
     shards: Box<[HashTable<Slot>]>,
@@ -162,24 +178,19 @@ impl Sessions {
         at.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
-    /// The key's hash (see [`SHARD_SHIFT`] for which bits go where).
-    fn hash(&self, key: &Probe<'_>) -> u64 {
-        self.hasher.hash_one(key.hashed())
+    /// `key` made ready for this store's lookups.
+    pub fn key<'a>(&self, key: &'a str) -> Key<'a> {
+        let probe = Probe::new(key);
+        let hash = self.hasher.hash_one(probe.hashed());
+        Key { probe, hash }
     }
 
-    /// The shard a key with this hash is in.
-    fn shard(hash: u64) -> usize {
-        (hash >> SHARD_SHIFT) as usize % SHARDS
-    }
-
-    fn slot(&self, key: &str) -> Option<&Slot> {
-        let key = Probe::new(key);
-        let hash = self.hash(&key);
-        self.shards[Self::shard(hash)].find(hash, |s| s.key.is(&key))
+    fn slot(&self, key: Key<'_>) -> Option<&Slot> {
+        self.shards[key.shard()].find(key.hash, |s| s.key.is(&key.probe))
     }
 
     /// The upstream `key` is bound to, if its binding is live at `now`.
-    pub fn live(&self, key: &str, now: Instant) -> Option<&UpstreamId> {
+    pub fn live(&self, key: Key<'_>, now: Instant) -> Option<&UpstreamId> {
         let now = self.ticks(now);
         self.slot(key)
             .filter(|s| s.expires > now)
@@ -187,17 +198,16 @@ impl Sessions {
     }
 
     /// The upstream `key` is bound to, live or expired but not yet swept.
-    pub fn bound(&self, key: &str) -> Option<&UpstreamId> {
+    pub fn bound(&self, key: Key<'_>) -> Option<&UpstreamId> {
         self.slot(key).map(|s| &s.upstream)
     }
 
     /// Moves `key`'s expiry to `expires`, if it has a binding. Every lookup does this: the count
     /// changes only when the expiry moves into another second (once a second for a busy key).
-    pub fn refresh(&mut self, key: &str, expires: Instant) {
+    pub fn refresh(&mut self, key: Key<'_>, expires: Instant) {
         let expires = self.ticks(expires);
-        let key = Probe::new(key);
-        let hash = self.hash(&key);
-        if let Some(s) = self.shards[Self::shard(hash)].find_mut(hash, |s| s.key.is(&key)) {
+        let found = self.shards[key.shard()].find_mut(key.hash, |s| s.key.is(&key.probe));
+        if let Some(s) = found {
             let (from, to) = (second_of(s.expires), second_of(expires));
             s.expires = expires;
             if from != to {
@@ -207,34 +217,31 @@ impl Sessions {
     }
 
     /// Binds `key` to `upstream` until `expires`, replacing any binding it had.
-    pub fn bind(&mut self, key: &str, upstream: &UpstreamId, expires: Instant) {
+    pub fn bind(&mut self, key: Key<'_>, upstream: &UpstreamId, expires: Instant) {
         let expires = self.ticks(expires);
         let to = second_of(expires);
-        let key = Probe::new(key);
-        let hash = self.hash(&key);
         let hasher = &self.hasher;
-        let shard = &mut self.shards[Self::shard(hash)];
-        if let Some(s) = shard.find_mut(hash, |s| s.key.is(&key)) {
+        let shard = &mut self.shards[key.shard()];
+        if let Some(s) = shard.find_mut(key.hash, |s| s.key.is(&key.probe)) {
             self.live.moved(second_of(s.expires), to);
             s.upstream = upstream.clone();
             s.expires = expires;
             return;
         }
         let slot = Slot {
-            key: key.to_stored(),
+            key: key.probe.to_stored(),
             upstream: upstream.clone(),
             expires,
         };
-        shard.insert_unique(hash, slot, |s| hasher.hash_one(s.key.hashed()));
+        shard.insert_unique(key.hash, slot, |s| hasher.hash_one(s.key.hashed()));
         self.live.add(to);
     }
 
     /// Drops `key`'s binding; true when it was live at `now`.
-    pub fn remove(&mut self, key: &str, now: Instant) -> bool {
+    pub fn remove(&mut self, key: Key<'_>, now: Instant) -> bool {
         let now = self.ticks(now);
-        let key = Probe::new(key);
-        let hash = self.hash(&key);
-        let Ok(found) = self.shards[Self::shard(hash)].find_entry(hash, |s| s.key.is(&key)) else {
+        let found = self.shards[key.shard()].find_entry(key.hash, |s| s.key.is(&key.probe));
+        let Ok(found) = found else {
             return false;
         };
         let (s, _) = found.remove();
@@ -341,17 +348,20 @@ mod tests {
     async fn bindings_expire_slide_and_end() {
         let t0 = Instant::now();
         let mut s = Sessions::new(t0);
-        s.bind("k", &up(1), t0 + Duration::from_secs(60));
-        assert_eq!(s.live("k", t0), Some(&up(1)));
-        assert_eq!(s.live("k", t0 + Duration::from_secs(60)), None);
-        s.refresh("k", t0 + Duration::from_secs(120));
-        assert_eq!(s.live("k", t0 + Duration::from_secs(119)), Some(&up(1)));
+        s.bind(s.key("k"), &up(1), t0 + Duration::from_secs(60));
+        assert_eq!(s.live(s.key("k"), t0), Some(&up(1)));
+        assert_eq!(s.live(s.key("k"), t0 + Duration::from_secs(60)), None);
+        s.refresh(s.key("k"), t0 + Duration::from_secs(120));
+        assert_eq!(
+            s.live(s.key("k"), t0 + Duration::from_secs(119)),
+            Some(&up(1))
+        );
         // Expired, not swept: no longer live, still there for `unbind`.
-        assert_eq!(s.bound("k"), Some(&up(1)));
-        assert!(!s.remove("k", t0 + Duration::from_secs(120)));
-        s.bind("k", &up(2), t0 + Duration::from_secs(60));
-        assert!(s.remove("k", t0));
-        assert_eq!((s.bound("k"), s.len()), (None, 0));
+        assert_eq!(s.bound(s.key("k")), Some(&up(1)));
+        assert!(!s.remove(s.key("k"), t0 + Duration::from_secs(120)));
+        s.bind(s.key("k"), &up(2), t0 + Duration::from_secs(60));
+        assert!(s.remove(s.key("k"), t0));
+        assert_eq!((s.bound(s.key("k")), s.len()), (None, 0));
     }
 
     #[tokio::test(start_paused = true)]
@@ -363,35 +373,40 @@ mod tests {
         let distinct: std::collections::HashSet<_> = (0..n).map(mixed_key).collect();
         assert_eq!(distinct.len(), n);
         for i in 0..n {
-            s.bind(&mixed_key(i), &up(i), until);
+            s.bind(s.key(&mixed_key(i)), &up(i), until);
         }
         assert_eq!(s.len(), n);
         for i in 0..n {
             let key = mixed_key(i);
-            assert_eq!(s.live(&key, t0), Some(&up(i)), "{key:?}");
-            assert_eq!(s.bound(&key), Some(&up(i)), "{key:?}");
+            assert_eq!(s.live(s.key(&key), t0), Some(&up(i)), "{key:?}");
+            assert_eq!(s.bound(s.key(&key)), Some(&up(i)), "{key:?}");
         }
         // A minted key and its uppercase: two keys, each with its own binding.
         let (lower, upper) = (mixed_key(6), mixed_key(7));
         assert_eq!(lower.to_uppercase(), upper);
         assert_eq!(
-            (s.bound(&lower), s.bound(&upper)),
+            (s.bound(s.key(&lower)), s.bound(s.key(&upper))),
             (Some(&up(6)), Some(&up(7)))
         );
-        assert_eq!(s.bound(&lower.to_uppercase()[..31]), None);
+        assert_eq!(s.bound(s.key(&lower.to_uppercase()[..31])), None);
         // A rebind replaces in place, whatever the form.
         for i in 0..12 {
-            s.bind(&mixed_key(i), &up(i + n), until);
-            assert_eq!(s.bound(&mixed_key(i)), Some(&up(i + n)));
+            s.bind(s.key(&mixed_key(i)), &up(i + n), until);
+            assert_eq!(s.bound(s.key(&mixed_key(i))), Some(&up(i + n)));
         }
         assert_eq!(s.len(), n);
         for i in (0..n).step_by(2) {
-            assert!(s.remove(&mixed_key(i), t0), "{:?}", mixed_key(i));
+            assert!(s.remove(s.key(&mixed_key(i)), t0), "{:?}", mixed_key(i));
         }
         assert_eq!(s.len(), n / 2);
         for i in 0..n {
             let want = (i % 2 == 1).then(|| up(if i < 12 { i + n } else { i }));
-            assert_eq!(s.bound(&mixed_key(i)).cloned(), want, "{:?}", mixed_key(i));
+            assert_eq!(
+                s.bound(s.key(&mixed_key(i))).cloned(),
+                want,
+                "{:?}",
+                mixed_key(i)
+            );
         }
         assert_eq!(s.count_live(t0), s.walk_live(t0));
     }
@@ -402,9 +417,13 @@ mod tests {
         let mut s = Sessions::new(t0);
         let n = 10 * SHARDS;
         for i in 0..n {
-            s.bind(&format!("k{i}"), &up(i % 3), t0 + Duration::from_secs(1));
+            s.bind(
+                s.key(&format!("k{i}")),
+                &up(i % 3),
+                t0 + Duration::from_secs(1),
+            );
         }
-        s.bind("kept", &up(0), t0 + Duration::from_secs(3600));
+        s.bind(s.key("kept"), &up(0), t0 + Duration::from_secs(3600));
         let step = SWEEP_INTERVAL / SHARDS as u32;
         let mut now = t0 + Duration::from_secs(2);
         assert_eq!(s.count_live(now), 1);
@@ -424,7 +443,7 @@ mod tests {
         }
         assert_eq!(s.len(), 1);
         assert!(now - t0 <= Duration::from_secs(2) + SWEEP_INTERVAL);
-        assert_eq!(s.live("kept", now), Some(&up(0)));
+        assert_eq!(s.live(s.key("kept"), now), Some(&up(0)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -432,49 +451,49 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut s = Sessions::new(t0);
-        s.bind("a", &up(0), at(10_200));
+        s.bind(s.key("a"), &up(0), at(10_200));
         assert_eq!(seconds(&s), [(11, 1)]);
         assert_eq!(s.count_live(t0), 1);
         // A refresh within the same second moves nothing; into another, it moves the binding.
-        s.refresh("a", at(10_900));
+        s.refresh(s.key("a"), at(10_900));
         assert_eq!(seconds(&s), [(11, 1)]);
-        s.refresh("a", at(11_000));
+        s.refresh(s.key("a"), at(11_000));
         assert_eq!(seconds(&s), [(11, 1)], "11.000 s is still second 11");
-        s.refresh("a", at(11_100));
+        s.refresh(s.key("a"), at(11_100));
         assert_eq!(seconds(&s), [(12, 1)]);
-        s.refresh("unbound", at(30_000));
+        s.refresh(s.key("unbound"), at(30_000));
         assert_eq!(seconds(&s), [(12, 1)]);
         // A bind adds; a bind replacing a binding moves it.
-        s.bind("b", &up(1), at(11_500));
+        s.bind(s.key("b"), &up(1), at(11_500));
         assert_eq!(seconds(&s), [(12, 2)]);
-        s.bind("b", &up(2), at(20_000));
+        s.bind(s.key("b"), &up(2), at(20_000));
         assert_eq!(seconds(&s), [(12, 1), (20, 1)]);
-        s.bind("b", &up(0), at(19_001));
+        s.bind(s.key("b"), &up(0), at(19_001));
         assert_eq!(seconds(&s), [(12, 1), (20, 1)]);
         assert_eq!(s.count_live(t0), 2);
         // A remove takes out, once.
-        assert!(s.remove("a", t0));
-        assert!(!s.remove("a", t0));
+        assert!(s.remove(s.key("a"), t0));
+        assert!(!s.remove(s.key("a"), t0));
         assert_eq!(seconds(&s), [(20, 1)]);
         assert_eq!(s.count_live(t0), 1);
 
         // A binding whose second has been aged is taken out of nothing when it is replaced or
         // removed.
-        s.bind("c", &up(0), at(1_000));
+        s.bind(s.key("c"), &up(0), at(1_000));
         assert_eq!(seconds(&s), [(1, 1), (20, 1)]);
         assert_eq!(s.count_live(at(1_000)), 1, "second 1 has passed");
-        s.bind("c", &up(1), at(13_000));
+        s.bind(s.key("c"), &up(1), at(13_000));
         assert_eq!(seconds(&s), [(13, 1), (20, 1)]);
-        s.bind("d", &up(0), at(1_500));
+        s.bind(s.key("d"), &up(0), at(1_500));
         assert_eq!(s.count_live(at(1_999)), 3);
         assert_eq!(s.count_live(at(2_000)), 2);
-        assert!(!s.remove("d", at(2_000)));
-        s.refresh("d", at(30_000));
+        assert!(!s.remove(s.key("d"), at(2_000)));
+        s.refresh(s.key("d"), at(30_000));
         assert_eq!(seconds(&s), [(13, 1), (20, 1)]);
         // Refreshed out of an aged second (a binding expired but not swept), it counts again.
-        s.bind("d", &up(0), at(1_500));
+        s.bind(s.key("d"), &up(0), at(1_500));
         assert_eq!(s.count_live(at(2_000)), 2);
-        s.refresh("d", at(25_000));
+        s.refresh(s.key("d"), at(25_000));
         assert_eq!(seconds(&s), [(13, 1), (20, 1), (25, 1)]);
         assert_eq!(s.count_live(at(2_000)), s.walk_live(at(2_000)));
         assert_eq!(s.count_live(at(30_000)), 0);
@@ -486,10 +505,10 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut s = Sessions::new(t0);
-        s.bind("half", &up(0), at(1_500));
-        s.bind("whole", &up(1), at(3_000));
+        s.bind(s.key("half"), &up(0), at(1_500));
+        s.bind(s.key("whole"), &up(1), at(3_000));
         assert_eq!(s.count_live(at(1_499)), 2);
-        assert_eq!(s.live("half", at(1_500)), None);
+        assert_eq!(s.live(s.key("half"), at(1_500)), None);
         assert_eq!(s.count_live(at(1_500)), 2, "expired, its second not over");
         assert_eq!(s.count_live(at(1_999)), 2);
         assert_eq!(s.count_live(at(2_000)), 1);
@@ -506,9 +525,9 @@ mod tests {
         let mut s = Sessions::new(t0);
         let n = 10 * SHARDS;
         for i in 0..n {
-            s.bind(&format!("k{i}"), &up(i % 3), at(1_200));
+            s.bind(s.key(&format!("k{i}")), &up(i % 3), at(1_200));
         }
-        s.bind("kept", &up(0), at(3_600_000));
+        s.bind(s.key("kept"), &up(0), at(3_600_000));
         // Expired at 1.2 s, second 2 not over: every binding still counts until a sweep.
         assert_eq!(s.count_live(at(1_300)), n + 1);
         s.sweep(at(1_300));
@@ -542,10 +561,10 @@ mod tests {
             let key = mixed_key(rng.random_range(0..KEYS));
             let expires = now + Duration::from_millis(rng.random_range(0..=MAX_TTL_MS));
             match rng.random_range(0..100) {
-                0..30 => s.bind(&key, &up(step % 3), expires),
-                30..60 => s.refresh(&key, expires),
+                0..30 => s.bind(s.key(&key), &up(step % 3), expires),
+                30..60 => s.refresh(s.key(&key), expires),
                 60..70 => {
-                    s.remove(&key, now);
+                    s.remove(s.key(&key), now);
                 }
                 70..80 => s.sweep(now),
                 80..90 => {
@@ -575,9 +594,9 @@ mod tests {
             s.sweep(now);
             if i % 4 == 0 {
                 // A binding made about 5 s before: into a later second.
-                s.refresh(&format!("k{}", i.max(135) - 135), now + ttl);
+                s.refresh(s.key(&format!("k{}", i.max(135) - 135)), now + ttl);
             } else {
-                s.bind(&format!("k{i}"), &up(i % 3), now + ttl);
+                s.bind(s.key(&format!("k{i}")), &up(i % 3), now + ttl);
             }
             most = most.max(s.live.seconds.len());
         }
