@@ -7,9 +7,10 @@
 //! `Instant` takes 16). So a lookup reads the table's control bytes and the slot, and no key
 //! behind a pointer.
 //!
-//! A key is hashed once per call, with the standard library's keyed SipHash (the keys are the
-//! clients': they must not be able to craft collisions): some of the hash's bits pick the
-//! key's shard, the rest place it in the shard's table.
+//! A key is hashed once per store call ([`Key`]: a session acquire's lookup and the slide of its
+//! expiry share it), with the standard library's keyed SipHash (the keys are the clients': they
+//! must not be able to craft collisions); some of the hash's bits pick the key's shard, the
+//! rest place it in the shard's table.
 //!
 //! Expired bindings are dropped by a sweep, and lookups ignore an expired binding whether it was
 //! swept or not. The bindings are split into [`SHARDS`] maps, swept one at a time, so a sweep
