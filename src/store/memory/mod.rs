@@ -6,6 +6,7 @@
 
 mod pool_state;
 mod sessions;
+mod stored_key;
 mod subset;
 
 use std::collections::HashMap;

@@ -299,6 +299,7 @@ impl PoolState {
         now: Instant,
     ) -> Acquired {
         self.sessions.sweep(now);
+        let key = self.sessions.key(key);
         let bound = self.sessions.live(key, now).cloned();
         if let Some(up) = bound {
             // A member whose labels no longer match left the filter: as if it left the pool.
@@ -606,16 +607,17 @@ impl PoolState {
 
     /// The upstream a live session is bound to, without sliding its expiry.
     pub(super) fn session_upstream(&self, key: &str, now: Instant) -> Option<UpstreamId> {
-        self.sessions.live(key, now).cloned()
+        self.sessions.live(self.sessions.key(key), now).cloned()
     }
 
     /// Drops the session's binding; true when it was still live.
     pub(super) fn end_session(&mut self, key: &str, now: Instant) -> bool {
-        self.sessions.remove(key, now)
+        self.sessions.remove(self.sessions.key(key), now)
     }
 
     /// Drops the session's binding only if it still names `upstream`.
     pub(super) fn unbind(&mut self, key: &str, upstream: &UpstreamId, now: Instant) {
+        let key = self.sessions.key(key);
         if self.sessions.bound(key) == Some(upstream) {
             self.sessions.remove(key, now);
         }

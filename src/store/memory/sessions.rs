@@ -1,8 +1,16 @@
 //! One pool's session bindings in the embedded store: session key → upstream, until an expiry.
 //!
-//! Built for a million bindings a pool. A binding takes a 40-byte slot: the key boxed (16 bytes,
-//! where a `String` takes 24), the upstream (a shared `Arc`) and the expiry as nanoseconds from
-//! the pool's epoch (8 bytes, where an `Instant` takes 16); plus the key's own allocation.
+//! Built for a million bindings a pool, where a lookup's cost is its misses to memory. A
+//! binding is one 48-byte slot and nothing else: the key in place ([`StoredKey`]: a minted key
+//! as its 16 bytes, keys up to 22 bytes as they are, only longer ones boxed), the upstream (a
+//! shared `Arc`) and the expiry as nanoseconds from the pool's epoch (8 bytes, where an
+//! `Instant` takes 16). So a lookup reads the table's control bytes and the slot, and no key
+//! behind a pointer.
+//!
+//! A key is hashed once per store call ([`Key`]: a session acquire's lookup and the slide of its
+//! expiry share it), with the standard library's keyed SipHash (the keys are the clients': they
+//! must not be able to craft collisions); some of the hash's bits pick the key's shard, the
+//! rest place it in the shard's table.
 //!
 //! Expired bindings are dropped by a sweep, and lookups ignore an expired binding whether it was
 //! swept or not. The bindings are split into [`SHARDS`] maps, swept one at a time, so a sweep
@@ -19,31 +27,45 @@
 //! expiry falls in, up to 1 s after it expired and never before (sooner if a sweep drops it
 //! first). It costs nothing per binding: a binding's second is its expiry, rounded up.
 
+use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
+use super::stored_key::{Probe, StoredKey};
 use crate::upstream::UpstreamId;
 
 /// How often each shard's expired bindings are swept out, at most.
 pub(super) const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Maps the bindings are split into; one is swept at a time.
+/// Maps the bindings are split into; one is swept at a time. A power of two: a key's shard is
+/// bits of its hash.
 pub(super) const SHARDS: usize = 64;
+
+const _: () = assert!(SHARDS.is_power_of_two());
+
+/// Where a key's shard is read from its hash: the bits just below the top 7, which the tables
+/// keep in their control bytes, and far above the low bits that pick a slot in a table.
+const SHARD_SHIFT: u32 = 64 - 7 - SHARDS.trailing_zeros();
 
 /// The live count's step: nanoseconds in a second (`BUCKET_MS` in `lua/acquire.lua`).
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
-struct Binding {
+/// A binding: one slot of its shard's table.
+struct Slot {
+    key: StoredKey,
     upstream: UpstreamId,
     /// Nanoseconds from [`Sessions::epoch`].
     expires: u64,
 }
 
-// A binding's slot in its map (key and binding) is the 40 bytes the module doc counts on.
-const _: () = assert!(size_of::<(Box<str>, Binding)>() == 40);
+// The 48 bytes the module doc counts on: the key in place (24, see `stored_key`), the upstream
+// (16) and the expiry (8). It was 40 with the key boxed, plus the key's own allocation (32
+// bytes for a minted key) and a miss to memory to compare it at every lookup.
+const _: () = assert!(size_of::<Slot>() == 48);
 
 /// The second (from the epoch) an expiry in nanoseconds falls in: the first whole second at or
 /// after it, so a binding is counted at least until it expires.
@@ -110,13 +132,29 @@ impl ByExpiry {
     }
 }
 
-/// Session key → binding, in [`SHARDS`] maps. The maps keep the standard library's hasher: the
-/// keys are the clients'.
+/// A session key made ready for lookups in one [`Sessions`] ([`Sessions::key`]): its stored
+/// form and its hash, computed once per store call, where a session acquire looks its key up
+/// and then slides its expiry.
+#[derive(Clone, Copy)]
+pub(super) struct Key<'a> {
+    probe: Probe<'a>,
+    /// The key's hash with its store's hasher: bits [`SHARD_SHIFT`].. pick the shard.
+    hash: u64,
+}
+
+impl Key<'_> {
+    fn shard(&self) -> usize {
+        (self.hash >> SHARD_SHIFT) as usize % SHARDS
+    }
+}
+
+/// Session key → binding, in [`SHARDS`] tables.
 pub(super) struct Sessions {
-    shards: Box<[HashMap<Box<str>, Binding>]>,
-    /// Picks a key's shard (with the key's xxh3): a client that crafts keys into one shard only
-    /// makes that shard's sweeps as long as a whole sweep was; the maps' own hashing is keyed.
-    seed: u64,
+    shards: Box<[HashTable<Slot>]>,
+    /// The standard library's keyed SipHash, keyed afresh per pool: the keys are the clients',
+    /// so they cannot craft keys into one shard (whose sweep would be as long as a whole sweep
+    /// was) or into one chain of a table.
+    hasher: RandomState,
     /// Expiries are counted from here: no binding outlives 584 years of it.
     epoch: Instant,
     next_shard: usize,
@@ -128,8 +166,8 @@ pub(super) struct Sessions {
 impl Sessions {
     pub fn new(now: Instant) -> Self {
         Sessions {
-            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
-            seed: rand::random(),
+            shards: (0..SHARDS).map(|_| HashTable::new()).collect(),
+            hasher: RandomState::new(),
             epoch: now,
             next_shard: 0,
             last_sweep: now,
@@ -141,32 +179,38 @@ impl Sessions {
         at.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
-    fn shard(&self, key: &str) -> usize {
-        xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), self.seed) as usize % SHARDS
+    /// `key` made ready for this store's lookups.
+    pub fn key<'a>(&self, key: &'a str) -> Key<'a> {
+        let probe = Probe::new(key);
+        let hash = self.hasher.hash_one(probe.hashed());
+        Key { probe, hash }
+    }
+
+    fn slot(&self, key: Key<'_>) -> Option<&Slot> {
+        self.shards[key.shard()].find(key.hash, |s| s.key.is(&key.probe))
     }
 
     /// The upstream `key` is bound to, if its binding is live at `now`.
-    pub fn live(&self, key: &str, now: Instant) -> Option<&UpstreamId> {
+    pub fn live(&self, key: Key<'_>, now: Instant) -> Option<&UpstreamId> {
         let now = self.ticks(now);
-        self.shards[self.shard(key)]
-            .get(key)
-            .filter(|b| b.expires > now)
-            .map(|b| &b.upstream)
+        self.slot(key)
+            .filter(|s| s.expires > now)
+            .map(|s| &s.upstream)
     }
 
     /// The upstream `key` is bound to, live or expired but not yet swept.
-    pub fn bound(&self, key: &str) -> Option<&UpstreamId> {
-        self.shards[self.shard(key)].get(key).map(|b| &b.upstream)
+    pub fn bound(&self, key: Key<'_>) -> Option<&UpstreamId> {
+        self.slot(key).map(|s| &s.upstream)
     }
 
     /// Moves `key`'s expiry to `expires`, if it has a binding. Every lookup does this: the count
     /// changes only when the expiry moves into another second (once a second for a busy key).
-    pub fn refresh(&mut self, key: &str, expires: Instant) {
+    pub fn refresh(&mut self, key: Key<'_>, expires: Instant) {
         let expires = self.ticks(expires);
-        let shard = self.shard(key);
-        if let Some(b) = self.shards[shard].get_mut(key) {
-            let (from, to) = (second_of(b.expires), second_of(expires));
-            b.expires = expires;
+        let found = self.shards[key.shard()].find_mut(key.hash, |s| s.key.is(&key.probe));
+        if let Some(s) = found {
+            let (from, to) = (second_of(s.expires), second_of(expires));
+            s.expires = expires;
             if from != to {
                 self.live.moved(from, to);
             }
@@ -174,28 +218,36 @@ impl Sessions {
     }
 
     /// Binds `key` to `upstream` until `expires`, replacing any binding it had.
-    pub fn bind(&mut self, key: &str, upstream: &UpstreamId, expires: Instant) {
-        let binding = Binding {
-            upstream: upstream.clone(),
-            expires: self.ticks(expires),
-        };
-        let to = second_of(binding.expires);
-        let shard = self.shard(key);
-        match self.shards[shard].insert(key.into(), binding) {
-            Some(old) => self.live.moved(second_of(old.expires), to),
-            None => self.live.add(to),
+    pub fn bind(&mut self, key: Key<'_>, upstream: &UpstreamId, expires: Instant) {
+        let expires = self.ticks(expires);
+        let to = second_of(expires);
+        let hasher = &self.hasher;
+        let shard = &mut self.shards[key.shard()];
+        if let Some(s) = shard.find_mut(key.hash, |s| s.key.is(&key.probe)) {
+            self.live.moved(second_of(s.expires), to);
+            s.upstream = upstream.clone();
+            s.expires = expires;
+            return;
         }
+        let slot = Slot {
+            key: key.probe.to_stored(),
+            upstream: upstream.clone(),
+            expires,
+        };
+        shard.insert_unique(key.hash, slot, |s| hasher.hash_one(s.key.hashed()));
+        self.live.add(to);
     }
 
     /// Drops `key`'s binding; true when it was live at `now`.
-    pub fn remove(&mut self, key: &str, now: Instant) -> bool {
+    pub fn remove(&mut self, key: Key<'_>, now: Instant) -> bool {
         let now = self.ticks(now);
-        let shard = self.shard(key);
-        let Some(b) = self.shards[shard].remove(key) else {
+        let found = self.shards[key.shard()].find_entry(key.hash, |s| s.key.is(&key.probe));
+        let Ok(found) = found else {
             return false;
         };
-        self.live.take(second_of(b.expires));
-        b.expires > now
+        let (s, _) = found.remove();
+        self.live.take(second_of(s.expires));
+        s.expires > now
     }
 
     /// Bindings counted at `now`: those whose expiry's second has not ended (see the module
@@ -208,7 +260,7 @@ impl Sessions {
     /// Bindings held, expired ones not yet swept included.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shards.iter().map(HashMap::len).sum()
+        self.shards.iter().map(HashTable::len).sum()
     }
 
     /// What [`Sessions::count_live`] counts, by walking every binding (as it did before).
@@ -217,7 +269,7 @@ impl Sessions {
         let now = self.ticks(now) / NANOS_PER_SECOND;
         self.shards
             .iter()
-            .map(|s| s.values().filter(|b| second_of(b.expires) > now).count())
+            .map(|s| s.iter().filter(|b| second_of(b.expires) > now).count())
             .sum()
     }
 
@@ -225,7 +277,7 @@ impl Sessions {
     #[cfg(test)]
     fn seconds_walked(&self) -> BTreeMap<u64, u32> {
         let mut seconds = BTreeMap::new();
-        for b in self.shards.iter().flat_map(HashMap::values) {
+        for b in self.shards.iter().flat_map(HashTable::iter) {
             let s = second_of(b.expires);
             if s > self.live.aged_through {
                 *seconds.entry(s).or_default() += 1;
@@ -243,7 +295,7 @@ impl Sessions {
         let ticks = self.ticks(now);
         self.live.age(ticks / NANOS_PER_SECOND);
         let live = &mut self.live;
-        self.shards[self.next_shard].retain(|_, b| {
+        self.shards[self.next_shard].retain(|b| {
             let keep = b.expires > ticks;
             if !keep {
                 // Expired within the current second: still counted until now.
@@ -267,6 +319,22 @@ mod tests {
         UpstreamId::new(format!("u{i}"))
     }
 
+    /// Key `i`, in one of the forms keys are stored in, by `i % 6`: a minted key (hex), the same
+    /// digits in uppercase (boxed), short, empty or short Unicode (inline), long (boxed).
+    fn mixed_key(i: usize) -> String {
+        let digits = (i as u128 / 6 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
+        let hex = format!("{digits:032x}");
+        match i % 6 {
+            0 => hex,
+            1 => hex.to_uppercase(),
+            2 => format!("k{i}"),
+            3 if i == 3 => String::new(),
+            3 => format!("ключ{i}"),
+            4 => format!("session-{i}-of-a-key-too-long-to-fit-in-the-slot"),
+            _ => format!("{hex}-and-more"),
+        }
+    }
+
     /// The per-second counts, checked against the bindings held, as (second, bindings) pairs.
     fn seconds(s: &Sessions) -> Vec<(u64, u32)> {
         assert_eq!(s.live.seconds, s.seconds_walked());
@@ -281,17 +349,67 @@ mod tests {
     async fn bindings_expire_slide_and_end() {
         let t0 = Instant::now();
         let mut s = Sessions::new(t0);
-        s.bind("k", &up(1), t0 + Duration::from_secs(60));
-        assert_eq!(s.live("k", t0), Some(&up(1)));
-        assert_eq!(s.live("k", t0 + Duration::from_secs(60)), None);
-        s.refresh("k", t0 + Duration::from_secs(120));
-        assert_eq!(s.live("k", t0 + Duration::from_secs(119)), Some(&up(1)));
+        s.bind(s.key("k"), &up(1), t0 + Duration::from_secs(60));
+        assert_eq!(s.live(s.key("k"), t0), Some(&up(1)));
+        assert_eq!(s.live(s.key("k"), t0 + Duration::from_secs(60)), None);
+        s.refresh(s.key("k"), t0 + Duration::from_secs(120));
+        assert_eq!(
+            s.live(s.key("k"), t0 + Duration::from_secs(119)),
+            Some(&up(1))
+        );
         // Expired, not swept: no longer live, still there for `unbind`.
-        assert_eq!(s.bound("k"), Some(&up(1)));
-        assert!(!s.remove("k", t0 + Duration::from_secs(120)));
-        s.bind("k", &up(2), t0 + Duration::from_secs(60));
-        assert!(s.remove("k", t0));
-        assert_eq!((s.bound("k"), s.len()), (None, 0));
+        assert_eq!(s.bound(s.key("k")), Some(&up(1)));
+        assert!(!s.remove(s.key("k"), t0 + Duration::from_secs(120)));
+        s.bind(s.key("k"), &up(2), t0 + Duration::from_secs(60));
+        assert!(s.remove(s.key("k"), t0));
+        assert_eq!((s.bound(s.key("k")), s.len()), (None, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_of_every_form_are_found_through_growth_and_removal() {
+        let t0 = Instant::now();
+        let until = t0 + Duration::from_secs(60);
+        let mut s = Sessions::new(t0);
+        let n = 6_000;
+        let distinct: std::collections::HashSet<_> = (0..n).map(mixed_key).collect();
+        assert_eq!(distinct.len(), n);
+        for i in 0..n {
+            s.bind(s.key(&mixed_key(i)), &up(i), until);
+        }
+        assert_eq!(s.len(), n);
+        for i in 0..n {
+            let key = mixed_key(i);
+            assert_eq!(s.live(s.key(&key), t0), Some(&up(i)), "{key:?}");
+            assert_eq!(s.bound(s.key(&key)), Some(&up(i)), "{key:?}");
+        }
+        // A minted key and its uppercase: two keys, each with its own binding.
+        let (lower, upper) = (mixed_key(6), mixed_key(7));
+        assert_eq!(lower.to_uppercase(), upper);
+        assert_eq!(
+            (s.bound(s.key(&lower)), s.bound(s.key(&upper))),
+            (Some(&up(6)), Some(&up(7)))
+        );
+        assert_eq!(s.bound(s.key(&lower.to_uppercase()[..31])), None);
+        // A rebind replaces in place, whatever the form.
+        for i in 0..12 {
+            s.bind(s.key(&mixed_key(i)), &up(i + n), until);
+            assert_eq!(s.bound(s.key(&mixed_key(i))), Some(&up(i + n)));
+        }
+        assert_eq!(s.len(), n);
+        for i in (0..n).step_by(2) {
+            assert!(s.remove(s.key(&mixed_key(i)), t0), "{:?}", mixed_key(i));
+        }
+        assert_eq!(s.len(), n / 2);
+        for i in 0..n {
+            let want = (i % 2 == 1).then(|| up(if i < 12 { i + n } else { i }));
+            assert_eq!(
+                s.bound(s.key(&mixed_key(i))).cloned(),
+                want,
+                "{:?}",
+                mixed_key(i)
+            );
+        }
+        assert_eq!(s.count_live(t0), s.walk_live(t0));
     }
 
     #[tokio::test(start_paused = true)]
@@ -300,9 +418,13 @@ mod tests {
         let mut s = Sessions::new(t0);
         let n = 10 * SHARDS;
         for i in 0..n {
-            s.bind(&format!("k{i}"), &up(i % 3), t0 + Duration::from_secs(1));
+            s.bind(
+                s.key(&format!("k{i}")),
+                &up(i % 3),
+                t0 + Duration::from_secs(1),
+            );
         }
-        s.bind("kept", &up(0), t0 + Duration::from_secs(3600));
+        s.bind(s.key("kept"), &up(0), t0 + Duration::from_secs(3600));
         let step = SWEEP_INTERVAL / SHARDS as u32;
         let mut now = t0 + Duration::from_secs(2);
         assert_eq!(s.count_live(now), 1);
@@ -322,7 +444,7 @@ mod tests {
         }
         assert_eq!(s.len(), 1);
         assert!(now - t0 <= Duration::from_secs(2) + SWEEP_INTERVAL);
-        assert_eq!(s.live("kept", now), Some(&up(0)));
+        assert_eq!(s.live(s.key("kept"), now), Some(&up(0)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -330,49 +452,49 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut s = Sessions::new(t0);
-        s.bind("a", &up(0), at(10_200));
+        s.bind(s.key("a"), &up(0), at(10_200));
         assert_eq!(seconds(&s), [(11, 1)]);
         assert_eq!(s.count_live(t0), 1);
         // A refresh within the same second moves nothing; into another, it moves the binding.
-        s.refresh("a", at(10_900));
+        s.refresh(s.key("a"), at(10_900));
         assert_eq!(seconds(&s), [(11, 1)]);
-        s.refresh("a", at(11_000));
+        s.refresh(s.key("a"), at(11_000));
         assert_eq!(seconds(&s), [(11, 1)], "11.000 s is still second 11");
-        s.refresh("a", at(11_100));
+        s.refresh(s.key("a"), at(11_100));
         assert_eq!(seconds(&s), [(12, 1)]);
-        s.refresh("unbound", at(30_000));
+        s.refresh(s.key("unbound"), at(30_000));
         assert_eq!(seconds(&s), [(12, 1)]);
         // A bind adds; a bind replacing a binding moves it.
-        s.bind("b", &up(1), at(11_500));
+        s.bind(s.key("b"), &up(1), at(11_500));
         assert_eq!(seconds(&s), [(12, 2)]);
-        s.bind("b", &up(2), at(20_000));
+        s.bind(s.key("b"), &up(2), at(20_000));
         assert_eq!(seconds(&s), [(12, 1), (20, 1)]);
-        s.bind("b", &up(0), at(19_001));
+        s.bind(s.key("b"), &up(0), at(19_001));
         assert_eq!(seconds(&s), [(12, 1), (20, 1)]);
         assert_eq!(s.count_live(t0), 2);
         // A remove takes out, once.
-        assert!(s.remove("a", t0));
-        assert!(!s.remove("a", t0));
+        assert!(s.remove(s.key("a"), t0));
+        assert!(!s.remove(s.key("a"), t0));
         assert_eq!(seconds(&s), [(20, 1)]);
         assert_eq!(s.count_live(t0), 1);
 
         // A binding whose second has been aged is taken out of nothing when it is replaced or
         // removed.
-        s.bind("c", &up(0), at(1_000));
+        s.bind(s.key("c"), &up(0), at(1_000));
         assert_eq!(seconds(&s), [(1, 1), (20, 1)]);
         assert_eq!(s.count_live(at(1_000)), 1, "second 1 has passed");
-        s.bind("c", &up(1), at(13_000));
+        s.bind(s.key("c"), &up(1), at(13_000));
         assert_eq!(seconds(&s), [(13, 1), (20, 1)]);
-        s.bind("d", &up(0), at(1_500));
+        s.bind(s.key("d"), &up(0), at(1_500));
         assert_eq!(s.count_live(at(1_999)), 3);
         assert_eq!(s.count_live(at(2_000)), 2);
-        assert!(!s.remove("d", at(2_000)));
-        s.refresh("d", at(30_000));
+        assert!(!s.remove(s.key("d"), at(2_000)));
+        s.refresh(s.key("d"), at(30_000));
         assert_eq!(seconds(&s), [(13, 1), (20, 1)]);
         // Refreshed out of an aged second (a binding expired but not swept), it counts again.
-        s.bind("d", &up(0), at(1_500));
+        s.bind(s.key("d"), &up(0), at(1_500));
         assert_eq!(s.count_live(at(2_000)), 2);
-        s.refresh("d", at(25_000));
+        s.refresh(s.key("d"), at(25_000));
         assert_eq!(seconds(&s), [(13, 1), (20, 1), (25, 1)]);
         assert_eq!(s.count_live(at(2_000)), s.walk_live(at(2_000)));
         assert_eq!(s.count_live(at(30_000)), 0);
@@ -384,10 +506,10 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut s = Sessions::new(t0);
-        s.bind("half", &up(0), at(1_500));
-        s.bind("whole", &up(1), at(3_000));
+        s.bind(s.key("half"), &up(0), at(1_500));
+        s.bind(s.key("whole"), &up(1), at(3_000));
         assert_eq!(s.count_live(at(1_499)), 2);
-        assert_eq!(s.live("half", at(1_500)), None);
+        assert_eq!(s.live(s.key("half"), at(1_500)), None);
         assert_eq!(s.count_live(at(1_500)), 2, "expired, its second not over");
         assert_eq!(s.count_live(at(1_999)), 2);
         assert_eq!(s.count_live(at(2_000)), 1);
@@ -404,9 +526,9 @@ mod tests {
         let mut s = Sessions::new(t0);
         let n = 10 * SHARDS;
         for i in 0..n {
-            s.bind(&format!("k{i}"), &up(i % 3), at(1_200));
+            s.bind(s.key(&format!("k{i}")), &up(i % 3), at(1_200));
         }
-        s.bind("kept", &up(0), at(3_600_000));
+        s.bind(s.key("kept"), &up(0), at(3_600_000));
         // Expired at 1.2 s, second 2 not over: every binding still counts until a sweep.
         assert_eq!(s.count_live(at(1_300)), n + 1);
         s.sweep(at(1_300));
@@ -437,13 +559,13 @@ mod tests {
         let mut now = t0;
         let mut checked = 0;
         for step in 0..5_000 {
-            let key = format!("k{}", rng.random_range(0..KEYS));
+            let key = mixed_key(rng.random_range(0..KEYS));
             let expires = now + Duration::from_millis(rng.random_range(0..=MAX_TTL_MS));
             match rng.random_range(0..100) {
-                0..30 => s.bind(&key, &up(step % 3), expires),
-                30..60 => s.refresh(&key, expires),
+                0..30 => s.bind(s.key(&key), &up(step % 3), expires),
+                30..60 => s.refresh(s.key(&key), expires),
                 60..70 => {
-                    s.remove(&key, now);
+                    s.remove(s.key(&key), now);
                 }
                 70..80 => s.sweep(now),
                 80..90 => {
@@ -473,9 +595,9 @@ mod tests {
             s.sweep(now);
             if i % 4 == 0 {
                 // A binding made about 5 s before: into a later second.
-                s.refresh(&format!("k{}", i.max(135) - 135), now + ttl);
+                s.refresh(s.key(&format!("k{}", i.max(135) - 135)), now + ttl);
             } else {
-                s.bind(&format!("k{i}"), &up(i % 3), now + ttl);
+                s.bind(s.key(&format!("k{i}")), &up(i % 3), now + ttl);
             }
             most = most.max(s.live.seconds.len());
         }
