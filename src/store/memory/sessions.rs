@@ -209,11 +209,8 @@ impl Sessions {
         let expires = self.ticks(expires);
         let found = self.shards[key.shard()].find_mut(key.hash, |s| s.key.is(&key.probe));
         if let Some(s) = found {
-            let (from, to) = (second_of(s.expires), second_of(expires));
+            self.live.moved(second_of(s.expires), second_of(expires));
             s.expires = expires;
-            if from != to {
-                self.live.moved(from, to);
-            }
         }
     }
 
