@@ -5,6 +5,7 @@
 //! cargo run --profile fixture --example scale_bench -- sessions   # 1k, 100k, 1M bindings
 //! cargo run --profile fixture --example scale_bench -- targets    # 10, 1k, 100k targets
 //! cargo run --profile fixture --example scale_bench -- leastconn  # 10, 1k, 10k, 100k members
+//! cargo run --profile fixture --example scale_bench -- declare    # 1k, 10k, 100k members
 //! ```
 //!
 //! **sessions**: for each size N, N live bindings are made through the store API (a session
@@ -34,7 +35,13 @@
 //! member are the `MEMORY USAGE` of the load index (`load`, `load_of`); and on stderr, the time
 //! to declare the pool fresh and again (as an instance starting does), and of one acquire after
 //! the index was dropped (as a declaration by an instance of another strategy does), which
-//! builds it again.
+//! builds it again in a pool of up to 1,000 members (a larger one chooses as least-used).
+//!
+//! **declare**: for each member count M and strategy (least-used, least-connections), a pool of
+//! M members is declared on a fresh Redis, declared again with the same members (an instance
+//! starting), with one member renamed (a reload), and with the strategy switched; for each, the
+//! wall time, the script calls it made, the longest of them (`SLOWLOG`: every other instance's
+//! acquires wait behind it) and their time together (INFO commandstats).
 //!
 //! Times are the same process's wall clock around each call on a shared machine: compare
 //! within a run (the ratios to the smallest size), not across runs.
@@ -42,7 +49,7 @@
 use std::error::Error;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use poolgate::config::{HealthConfig, Strategy};
@@ -86,6 +93,7 @@ const LEASTCONN_SIZES: [usize; 4] = [10, 1_000, 10_000, 100_000];
 /// Concurrent acquire/release loops, as in `filter_bench`.
 const LEASTCONN_TASKS: usize = 32;
 const LEASTCONN_SECONDS: u64 = 3;
+const DECLARE_SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 
 fn members() -> Vec<UpstreamId> {
     (0..MEMBERS)
@@ -832,6 +840,170 @@ async fn leastconn(sizes: &[usize], stores: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The script calls Redis ran since the last look: how many and their time together (INFO
+/// commandstats, `evalsha`), and the longest (`SLOWLOG`, which keeps every call above 1 ms);
+/// then both are reset.
+async fn redis_calls(
+    c: &mut redis::aio::MultiplexedConnection,
+) -> Result<(u64, Duration, Duration), BoxError> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await?;
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+            .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix(name)))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (calls, usec) = (field("calls="), field("usec="));
+    let log: redis::Value = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(c)
+        .await?;
+    let mut longest = 0i64;
+    if let redis::Value::Array(entries) = log {
+        for e in &entries {
+            let redis::Value::Array(fields) = e else {
+                continue;
+            };
+            let script = matches!(fields.get(3), Some(redis::Value::Array(a))
+                if matches!(a.first(), Some(redis::Value::BulkString(b))
+                    if b.eq_ignore_ascii_case(b"evalsha")));
+            if let (true, Some(redis::Value::Int(us))) = (script, fields.get(2)) {
+                longest = longest.max(*us);
+            }
+        }
+    }
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query_async(c).await?;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(c).await?;
+    Ok((
+        calls,
+        Duration::from_micros(longest.max(0) as u64),
+        Duration::from_micros(usec),
+    ))
+}
+
+/// Declarations of a pool of N members on Redis, fresh, again, with one member renamed and with
+/// the strategy switched: the wall time of each, and the longest single Redis call in it, which
+/// every other instance's acquires wait behind.
+async fn declare(sizes: &[usize]) -> Result<(), BoxError> {
+    let server = Server::start()?;
+    let url = format!("redis://127.0.0.1:{}", server.1);
+    let mut c = redis::Client::open(url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(1000)
+        .arg("slowlog-max-len")
+        .arg(10_000)
+        .query_async(&mut c)
+        .await?;
+    println!(
+        "declaring a pool on Redis\nstrategy | members | declaration | wall time | script calls | longest call | Redis time in all"
+    );
+    for strategy in [Strategy::LeastUsed, Strategy::LeastConnections] {
+        for &n in sizes {
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await?;
+            let store = AnyStore::Redis(RedisStore::new(RedisSettings {
+                url: url.clone(),
+                timeout: Duration::from_secs(5),
+                key_prefix: poolgate::store::redis::DEFAULT_KEY_PREFIX.into(),
+                instance_id: format!("declare-{}", std::process::id()),
+                tls: Default::default(),
+            })?);
+            let base = PoolSpec {
+                strategy,
+                ..leastconn_spec(n)
+            };
+            let mut renamed = base.clone();
+            if let Some(last) = renamed.members.last_mut() {
+                *last = UpstreamId::new("http://192.0.2.1:3128");
+            }
+            let other = if strategy == Strategy::LeastUsed {
+                Strategy::LeastConnections
+            } else {
+                Strategy::LeastUsed
+            };
+            let switched = PoolSpec {
+                strategy: other,
+                ..renamed.clone()
+            };
+            // Another instance serving the pool (its store's timeout is the default 250 ms).
+            let other = AnyStore::Redis(RedisStore::new(RedisSettings {
+                url: url.clone(),
+                timeout: Duration::from_millis(250),
+                key_prefix: poolgate::store::redis::DEFAULT_KEY_PREFIX.into(),
+                instance_id: format!("declare-other-{}", std::process::id()),
+                tls: Default::default(),
+            })?);
+            let _ = redis_calls(&mut c).await?;
+            for (what, spec) in [
+                ("fresh", &base),
+                ("again", &base),
+                ("one renamed", &renamed),
+                ("strategy switched", &switched),
+            ] {
+                if what == "again" {
+                    // From here on, the other instance serves the pool meanwhile.
+                    other.configure(base.clone()).await?;
+                    let _ = redis_calls(&mut c).await?;
+                }
+                let probing = what != "fresh";
+                // Another instance's requests meanwhile: its slowest acquire.
+                let done = AtomicBool::new(false);
+                let probe = async {
+                    let mut slowest = Duration::ZERO;
+                    while probing && !done.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        let got = other.acquire(
+                            POOL,
+                            Want::Any {
+                                exclude: &[],
+                                within: None,
+                            },
+                        );
+                        if let Acquired::Granted(g) = got.await? {
+                            slowest = slowest.max(t.elapsed());
+                            other
+                                .release(POOL, &g.upstream, g.lease, Outcome::Ok, Duration::ZERO)
+                                .await?;
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Ok::<_, BoxError>(slowest)
+                };
+                let declaring = async {
+                    let t = Instant::now();
+                    let r = store.configure(spec.clone()).await;
+                    done.store(true, Ordering::Relaxed);
+                    r.map(|()| t.elapsed())
+                };
+                let (wall, slowest) = tokio::join!(declaring, probe);
+                let (wall, slowest) = (wall?, slowest?);
+                let (calls, longest, sum) = redis_calls(&mut c).await?;
+                println!(
+                    "{} | {} | {what} | {wall:.0?} | {calls} | {longest:.1?} | {sum:.0?} | {slowest:.1?}",
+                    strategy.as_str(),
+                    size_name(n)
+                );
+            }
+            if store.health() != "ok" || other.health() != "ok" {
+                println!(
+                    "(a store went degraded: {} / {})",
+                    store.health(),
+                    other.health()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn parse_sizes(arg: Option<&String>, default: &[usize]) -> Result<Vec<usize>, BoxError> {
     match arg {
         None => Ok(default.to_vec()),
@@ -855,12 +1027,13 @@ async fn main() -> Result<(), BoxError> {
             sessions(&sizes, arg(2)).await
         }
         ("targets", _) => targets(&parse_sizes(args.get(1), &TARGET_SIZES)?),
+        ("declare", _) => declare(&parse_sizes(args.get(1), &DECLARE_SIZES)?).await,
         ("leastconn", _) => {
             let sizes = parse_sizes(args.get(1), &LEASTCONN_SIZES)?;
             leastconn(&sizes, arg(2)).await
         }
         _ => Err(
-            "usage: scale_bench sessions [sizes [memory|redis]] | targets [sizes] | leastconn [sizes [memory|redis]]"
+            "usage: scale_bench sessions [sizes [memory|redis]] | targets [sizes] | leastconn [sizes [memory|redis]] | declare [sizes]"
                 .into(),
         ),
     }

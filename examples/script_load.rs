@@ -139,6 +139,9 @@ async fn main() -> Result<(), BoxError> {
     if args.batch == 0 || args.upstreams == 0 {
         return Err("--batch and --upstreams must be at least 1".into());
     }
+    if args.upstreams > 1000 {
+        return Err("--upstreams is at most 1000 (one configure.lua call)".into());
+    }
     let client = redis::Client::open(format!("redis://127.0.0.1:{}", args.port))?;
     let mut c = client.get_multiplexed_async_connection().await?;
     let configure = Script::new(include_str!("../lua/configure.lua"));
@@ -149,7 +152,10 @@ async fn main() -> Result<(), BoxError> {
     for k in script_keys::CONFIGURE {
         inv.key(key(k));
     }
-    inv.arg("least-used");
+    // One call: up to 1,000 members (a larger pool is declared in stages by the store).
+    inv.arg("all")
+        .arg("least-used")
+        .arg(format!("{} upstreams", args.upstreams));
     for i in 0..args.upstreams {
         inv.arg(format!("http://127.0.0.1:{}", 20_000 + i));
     }

@@ -9,8 +9,8 @@
 -- round-robin (a cursor in the meta hash). Expired leases (their gateway died) are purged first,
 -- so their capacity is back.
 --
--- KEYS[1]  meta      HASH    rr = round-robin cursor, load = "1" while the load index is kept;
---                            the key exists once the pool is configured
+-- KEYS[1]  meta      HASH    rr = round-robin cursor, load = "1" while the load index is kept
+--                            ("b" while a declaration builds it); exists once the pool is configured
 -- KEYS[2]  state     HASH    upstream -> "e|k|c|s|r": eligible, keeps sessions, cost,
 --                            saved allocation score (while not eligible), round-robin credit
 -- KEYS[3]  members   ZSET    eligible upstream -> allocation score
@@ -75,10 +75,14 @@
 -- listed live leases x cost; then by entry, whose fixed-width prefix is the allocation score (17
 -- digits) and the configured position (8 digits). So a least-connections acquire reads members
 -- from the least loaded on and stops at the first one it may take, instead of weighing every
--- member. It is kept while meta `load` is "1": configure.lua builds it for a least-connections
--- pool and drops it for any other (so its upkeep costs other pools nothing); a least-connections
--- acquire that finds it missing (a gateway of another strategy declared the pool last) builds it
--- from the state. Every script that changes an input while it is kept moves the member's entry:
+-- member. It is read while meta `load` is "1": configure.lua builds it for a least-connections
+-- pool and drops it for any other (so its upkeep costs other pools nothing). While a staged
+-- declaration builds it, `load` is "b": the entries made so far are kept, not read. A
+-- least-connections acquire that finds no index (a gateway of another strategy declared the pool
+-- last) builds it from the state when the pool has up to BUILD_MAX members; a larger pool's
+-- acquires choose as least-used does until the next least-connections declaration, since
+-- building it in one call held Redis for a second at 100,000 members. Every script that changes
+-- an input while it is kept ("1" or "b") moves the member's entry:
 -- here a grant and the purge, release.lua, set_member.lua. Unlisted leases other gateways report
 -- are not in it: they only raise a load, so the walk below adds them and goes on past the
 -- members that have some, and a report that lapses needs no write.
@@ -159,8 +163,13 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'unconfigured'}
 end
 
-local indexed = redis.call('HGET', KEYS[1], 'load') == '1'
+-- The load index: walked while complete ("1"), kept up to date while built too ("b").
+local load_state = redis.call('HGET', KEYS[1], 'load')
+local indexed = load_state == '1'
+local kept = indexed or load_state == 'b'
 local CHUNK = 64
+-- The largest pool whose missing load index an acquire builds (about 15 ms of Redis).
+local BUILD_MAX = 1000
 local PURGE_MAX = '1000'
 local SUBSET_TTL = '86400000'
 
@@ -262,7 +271,7 @@ local function build_index()
     redis.call('HSET', KEYS[12], unpack(entries))
   end
   redis.call('HSET', KEYS[1], 'load', '1')
-  indexed = true
+  load_state, indexed, kept = '1', true, true
 end
 
 -- Members' states as read and decoded in this run: the acquires of one batch ask for the same
@@ -292,7 +301,7 @@ if #expired > 0 then
       dropped[up] = n
     end
   end
-  if indexed then
+  if kept then
     for up, n in pairs(dropped) do
       reindex(up, nil, n)
     end
@@ -365,7 +374,7 @@ end
 local function grant(up, m, bound_now)
   if lease == '-' then
     local score = count_allocation(up, m)
-    if indexed and score then reindex(up, score, nil) end
+    if kept and score then reindex(up, score, nil) end
     return {'granted', up, bound_now}
   end
   if redis.call('HSETNX', KEYS[6], lease, up) == 0 then
@@ -374,7 +383,7 @@ local function grant(up, m, bound_now)
   local score = count_allocation(up, m)
   redis.call('ZADD', KEYS[5], deadline_s, lease)
   local n = redis.call('HINCRBY', KEYS[7], up, '1')
-  if indexed and score then reindex(up, score, n) end
+  if kept and score then reindex(up, score, n) end
   return {'granted', up, bound_now}
 end
 
@@ -627,8 +636,21 @@ local function pick()
     -- (the reported leases only add to it), so once the best candidate so far is no greater than
     -- the next entry's key, no member after it can beat it; without reports that is the first
     -- candidate. The walk passes over the members excluded, at their cap or with reported leases.
-    if not indexed then
+    if not load_state and redis.call('ZCARD', KEYS[3]) <= BUILD_MAX then
       build_index()
+    end
+    if not indexed then
+      -- No index to read (see the header): chosen as least-used chooses, not by weighing every
+      -- member of a large pool in one call.
+      local granted = each_member(KEYS[3], function(up, m)
+        saw = true
+        if not at_cap(up) then
+          return grant(up, m, '0') or in_use()
+        end
+      end)
+      if granted then return granted end
+      if saw then return cap_reply() end
+      return {'none'}
     end
     local best, best_m, best_key
     local function less(a, b)
@@ -764,7 +786,7 @@ local function many_least_used()
       end
       if m then
         local score = count_allocation(up, m)
-        if indexed and score then moved[up] = score end
+        if kept and score then moved[up] = score end
         if recorded then
           claimed[id] = true
           pending[up] = (pending[up] or 0) + 1

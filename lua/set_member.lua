@@ -6,7 +6,8 @@
 -- published on the pool's channel as "m\n<origin>\n<upstream>\n<eligible>\n<keeps>\n<cost>" so
 -- other gateways hear of it and requests waiting for capacity try again.
 --
--- KEYS[1]  meta     HASH  exists once the pool is configured; load = "1" while the load index is kept
+-- KEYS[1]  meta     HASH  exists once the pool is configured; load = "1" while the load index is
+--                         kept, "b" while a declaration builds it
 -- KEYS[2]  state    HASH  upstream -> "e|k|c|s|r" (see acquire.lua)
 -- KEYS[3]  members  ZSET  eligible upstream -> allocation score
 -- KEYS[4]  order    ZSET  upstream -> position in the configured list
@@ -81,9 +82,9 @@ end
 redis.call('HSET', KEYS[2], up, (e and '1' or '0') .. '|' .. (k and '1' or '0') .. '|'
   .. string.format('%d', c) .. '|' .. string.format('%.0f', saved) .. '|0')
 
--- The member's load index entry, when the index is kept: made afresh from its allocation score,
--- position, cost and live count while it is eligible, else removed.
-if redis.call('HGET', KEYS[1], 'load') == '1' then
+-- The member's load index entry, when the index is kept or being built: made afresh from its
+-- allocation score, position, cost and live count while it is eligible, else removed.
+if redis.call('HGET', KEYS[1], 'load') then
   local cur = redis.call('HGET', KEYS[7], up)
   if cur then
     redis.call('ZREM', KEYS[6], string.match(cur, '^%d+ (.*)$'))

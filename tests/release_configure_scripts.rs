@@ -102,7 +102,8 @@ async fn configure_keeps_the_round_robin_cursor_across_instance_starts() {
         for k in script_keys::CONFIGURE {
             inv.key(key(tag, k));
         }
-        inv.arg("round-robin");
+        // One call ("all"); the digest is any token that differs with the member list.
+        inv.arg("all").arg("round-robin").arg(members.join(" "));
         for m in members {
             inv.arg(*m);
         }
@@ -141,5 +142,9 @@ async fn configure_keeps_the_round_robin_cursor_across_instance_starts() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(n.as_deref(), Some("3"));
+    // The member count, then the declaration's digest.
+    assert_eq!(
+        n.as_deref(),
+        Some(format!("3 {}", members.join(" ")).as_str())
+    );
 }

@@ -35,9 +35,9 @@ pub mod script_keys {
         "load_of",
     ];
     /// `configure.lua` (`sessions`: the sorted set of older versions, which it deletes).
-    pub const CONFIGURE: [&str; 10] = [
+    pub const CONFIGURE: [&str; 11] = [
         "meta", "state", "members", "order", "leases", "lease_up", "sessions", "live", "load",
-        "load_of",
+        "load_of", "decl",
     ];
     /// `set_member.lua`.
     pub const SET_MEMBER: [&str; 7] = [
@@ -79,6 +79,8 @@ pub(crate) struct PoolKeys {
     pub load: String,
     /// HASH: upstream → `<cost> <its entry in load>`.
     pub load_of: String,
+    /// ZSET: the members of a declaration under way → their positions (`configure.lua`).
+    pub decl: String,
     /// Pub/sub channel of the pool's events.
     pub events: String,
     /// STRING: the members the pool's upstream lists contribute, one URL a line (`listed_put.lua`).
@@ -108,6 +110,7 @@ impl PoolKeys {
             held: key("held"),
             load: key("load"),
             load_of: key("load_of"),
+            decl: key("decl"),
             events: key("events"),
             listed: key("listed"),
             sess_prefix: key("sess:"),
@@ -148,7 +151,7 @@ impl PoolKeys {
     }
 
     /// `configure.lua`'s keys ([`script_keys::CONFIGURE`]).
-    pub fn configure(&self) -> [&str; 10] {
+    pub fn configure(&self) -> [&str; 11] {
         [
             &self.meta,
             &self.state,
@@ -160,6 +163,7 @@ impl PoolKeys {
             &self.live,
             &self.load,
             &self.load_of,
+            &self.decl,
         ]
     }
 
@@ -226,6 +230,7 @@ mod tests {
             &k.held,
             &k.load,
             &k.load_of,
+            &k.decl,
             &k.events,
             &k.listed,
             &k.session("s1"),

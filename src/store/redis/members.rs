@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::conn::Deferred;
 use super::scripts::{self, Call};
-use super::{CONFIGURE_TIMEOUT, Fault, Inner, PoolLocal, broken, locked, takes_unlisted_leases};
+use super::{Fault, Inner, PoolLocal, broken, locked, takes_unlisted_leases};
 use crate::store::{MemberChange, MemberState, PoolSpec, Store, StoreError};
 use crate::upstream::UpstreamId;
 
@@ -191,22 +191,6 @@ impl Inner {
             }
             Err(Fault::Broken(why)) => Err(broken(why)),
         }
-    }
-
-    /// Declares the pool in Redis; true when Redis had no state for it (new, or lost).
-    pub(super) async fn configure_remote(&self, p: &PoolLocal) -> Result<bool, Fault> {
-        let spec = p.spec.load();
-        let k = &p.keys;
-        let mut inv = Call::new(&scripts::CONFIGURE, 10);
-        for key in k.configure() {
-            inv.key(key);
-        }
-        inv.arg(spec.strategy.as_str());
-        for id in &spec.members {
-            inv.arg(id.as_str());
-        }
-        let fresh: i64 = self.eval(&inv, CONFIGURE_TIMEOUT).await?;
-        Ok(fresh == 1)
     }
 
     /// Re-applies every member setting this instance made; returns how many.

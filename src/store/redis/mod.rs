@@ -36,6 +36,7 @@
 mod acquire;
 mod batch;
 mod conn;
+mod declare;
 mod events;
 mod held;
 mod keys;
