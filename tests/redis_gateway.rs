@@ -190,6 +190,44 @@ async fn two_instances_share_caps_and_balance_under_400_concurrent_clients() {
     );
 }
 
+/// While a reload reaches the instances one by one, Redis can grant a member this instance's
+/// config does not list (another instance declared it): the request asks again without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_member_this_instance_does_not_list_is_asked_past() {
+    let Pair {
+        redis,
+        origin,
+        ups,
+        a,
+        b: _b,
+    } = pair(2, "").await;
+    // Another instance's newer list has a member first in least-used order. Loopback port 9:
+    // nothing is ever dialled there, and nothing could leave the machine if it were.
+    let stranger = "http://127.0.0.1:9";
+    redis.cli(&["HSET", "pg:{default}:state", stranger, "1|1|1|0|0"]);
+    redis.cli(&["ZADD", "pg:{default}:members", "-1000", stranger]);
+    let ca = client_via(&a);
+    let url = origin.url("/ok");
+    let known: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    for i in 0..10 {
+        let (status, upstream) = get(&ca, &url, None).await;
+        assert_eq!(status, 200, "request {i}");
+        assert!(
+            known.contains(&upstream),
+            "request {i} left through {upstream}"
+        );
+    }
+    let score = redis.cli(&["ZSCORE", "pg:{default}:members", stranger]);
+    let granted: f64 = score
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("score {score:?}"));
+    assert!(
+        granted > -1000.0,
+        "the stranger was never granted: the test tested nothing"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_session_sent_to_both_instances_at_once_leaves_through_one_upstream() {
     let Pair {

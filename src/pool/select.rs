@@ -27,6 +27,9 @@ use crate::upstream::{Upstream, UpstreamId};
 /// fourfold (up to the whole pool) before the request waits or fails, so a new session is never
 /// refused while a member further along its order could take it.
 const PREFERRED_CANDIDATES: usize = 4;
+/// Granted members unknown to this instance that a request asks past before it gives up (503
+/// `no-upstream-available`): a reload in progress leaves a few, never many.
+const MAX_UNKNOWN: usize = 8;
 
 /// Where a request goes: its pool and, when sticky, its session.
 pub struct Route {
@@ -116,16 +119,19 @@ pub async fn acquire(
     // usual first ask, which finds capacity, neither registers nor looks up the signal.
     let mut waiter: Option<Pin<Box<OwnedNotified>>> = None;
     let mut offer = PREFERRED_CANDIDATES;
+    // Granted members that no config of this instance lists, asked again without.
+    let mut unknown: Vec<UpstreamId> = Vec::new();
     loop {
         let blocked = match (&limits, sticky) {
             (Some(l), false) => l.blocked(target, Instant::now()),
             _ => Vec::new(),
         };
-        let exclude: Cow<'_, [UpstreamId]> = if blocked.is_empty() {
+        let exclude: Cow<'_, [UpstreamId]> = if blocked.is_empty() && unknown.is_empty() {
             Cow::Borrowed(tried)
         } else {
             let mut ids = tried.to_vec();
             ids.extend(blocked.iter().map(|b| b.upstream.clone()));
+            ids.extend(unknown.iter().cloned());
             Cow::Owned(ids)
         };
         let preferred;
@@ -180,8 +186,14 @@ pub async fn acquire(
                         continue;
                     }
                     limited = Some(refusal);
+                } else if let Some(lease) = lease_for(gw, route, grant, &mut unknown).await? {
+                    return Ok(lease);
+                } else if !sticky && Instant::now() < deadline && unknown.len() < MAX_UNKNOWN {
+                    // A member this instance's config does not list (a reload reaching the
+                    // instances one by one): ask again without it.
+                    continue;
                 } else {
-                    return lease_for(gw, route, grant).await;
+                    return Err(ProxyError::NoUpstream);
                 }
             }
             Acquired::AtCapacity => at_capacity = true,
@@ -275,7 +287,14 @@ fn rejected(gw: &Gateway, route: &Route, scope: Scope, ready_at: Option<Instant>
 }
 
 /// The lease for a grant, with its upstream as configured.
-async fn lease_for(gw: &Gateway, route: &Route, grant: Grant) -> Result<Lease, ProxyError> {
+/// The lease of `grant`, or `None` when its upstream is one no config of this instance lists
+/// (handed back at once, as cancelled).
+async fn lease_for(
+    gw: &Gateway,
+    route: &Route,
+    grant: Grant,
+    unknown: &mut Vec<UpstreamId>,
+) -> Result<Option<Lease>, ProxyError> {
     let pool = &route.pool;
     // A member the store learnt of in a reload after this request took its pool snapshot is
     // found in the current pool set.
@@ -295,9 +314,10 @@ async fn lease_for(gw: &Gateway, route: &Route, grant: Grant) -> Result<Lease, P
                 Duration::ZERO,
             )
             .await?;
-        return Err(ProxyError::NoUpstream);
+        unknown.push(grant.upstream);
+        return Ok(None);
     };
-    Ok(Lease::new(
+    Ok(Some(Lease::new(
         gw.store.clone(),
         gw.tasks.clone(),
         gw.metrics.clone(),
@@ -305,7 +325,7 @@ async fn lease_for(gw: &Gateway, route: &Route, grant: Grant) -> Result<Lease, P
         grant,
         upstream,
         route.target_host.clone(),
-    ))
+    )))
 }
 
 /// The per-user rate limit, checked once per request before any upstream is asked for. Waits
