@@ -42,8 +42,9 @@
 -- so far. A call that finds another declaration's claim (its own lapsed and was taken over) or
 -- none (Redis lost its data) answers "superseded", and the caller starts again; one that finds
 -- its digest declared already (a joined declaration that another caller finished) answers
--- "done". Mode "all" does every step in one call: a pool of up to CHUNK members, whose state
--- holds at most 4 x CHUNK (else it answers -1 and does nothing: declare in stages).
+-- "done". Mode "all" does every step in one call: a pool of up to CHUNK members, where Redis
+-- holds at most 4 x CHUNK (else it answers -1 and does nothing: declare in stages). Only the
+-- commands of the documented ACL are used (docs/operations.md): DEL, not UNLINK.
 --
 -- KEYS[1]  meta     HASH  rr = round-robin cursor, n = "<member count> <digest>" (the digest
 --                         once a declaration of this version ended), load = "1" while the load
@@ -105,7 +106,7 @@ end
 
 -- Claims a declaration of `n` members for `digest` and readies the load index for `strategy`.
 local function start(strategy, digest, hold_until, n)
-  redis.call('UNLINK', KEYS[11])
+  redis.call('DEL', KEYS[11])
   redis.call('HSET', KEYS[1], 'decl', digest, 'decl_until', hold_until, 'decl_strategy', strategy,
     'decl_n', string.format('%d', n))
   redis.call('HSETNX', KEYS[1], 'rr', '0')
@@ -114,12 +115,12 @@ local function start(strategy, digest, hold_until, n)
   redis.call('HSET', KEYS[1], 'n', count)
   if strategy == 'least-connections' then
     if redis.call('HGET', KEYS[1], 'load') ~= '1' then
-      redis.call('UNLINK', KEYS[9], KEYS[10])
+      redis.call('DEL', KEYS[9], KEYS[10])
       redis.call('HSET', KEYS[1], 'load', 'b')
     end
   else
     redis.call('HDEL', KEYS[1], 'load')
-    redis.call('UNLINK', KEYS[9], KEYS[10])
+    redis.call('DEL', KEYS[9], KEYS[10])
   end
 end
 
@@ -210,7 +211,7 @@ local function finish(digest)
   end
   redis.call('HSET', KEYS[1], 'n', (meta[2] or '0') .. ' ' .. digest)
   redis.call('HDEL', KEYS[1], 'decl', 'decl_until', 'decl_strategy', 'decl_n')
-  redis.call('UNLINK', KEYS[11])
+  redis.call('DEL', KEYS[11])
   local pin = '~ pins the hashtable/skiplist encoding: as a listpack every lease operation scans all leases'
   redis.call('HSETNX', KEYS[6], '~', pin)
   redis.call('ZADD', KEYS[5], 'NX', '+inf', pin)
@@ -234,7 +235,7 @@ if mode == 'all' then
   if declared(at[1]) == digest and not at[2] then
     return 0
   end
-  if redis.call('HLEN', KEYS[2]) > 4 * CHUNK then
+  if redis.call('ZCARD', KEYS[4]) > 4 * CHUNK then
     return -1
   end
   -- One call: it takes over any staged declaration under way (whose next call is superseded).
