@@ -224,3 +224,85 @@ async fn each_switch_counts_the_redis_leases_running_then() {
     assert_eq!(got, want, "one place left on each member");
     assert_eq!(acquire(&s).await, Acquired::AtCapacity);
 }
+
+/// Leases the local view granted during an outage that still run when Redis is back count
+/// against the cap there (reported with this instance's unlisted leases) until they end, so
+/// another instance is not granted a whole cap beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_view_leases_still_running_after_the_return_count_in_redis() {
+    common::init_tracing();
+    let mut redis = RedisServer::start().await;
+    let a = store(&redis.url(), Strategy::LeastUsed).await;
+    redis.stop();
+    // The outage: the local view fills both members.
+    let mut local = Vec::new();
+    for _ in 0..2 * CAP {
+        local.push(granted(acquire(&a).await));
+    }
+    assert_eq!(a.health(), "degraded");
+    assert_eq!(acquire(&a).await, Acquired::AtCapacity);
+
+    redis.restart().await;
+    let back = common::wait_until(|| a.health() == "ok", Duration::from_secs(30)).await;
+    assert!(back, "the store is ok again once Redis is back");
+    // a reports them at once; another instance, started now, finds both members at their cap.
+    let reported = common::wait_until(
+        || {
+            !redis
+                .cli(&["HGETALL", "pgtest:{capped}:held"])
+                .trim()
+                .is_empty()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        reported,
+        "no report of the local view's leases reached Redis"
+    );
+    let b = store(&redis.url(), Strategy::LeastUsed).await;
+    assert_eq!(
+        acquire(&b).await,
+        Acquired::AtCapacity,
+        "the local view's leases are not counted in Redis"
+    );
+    assert_eq!(b.health(), "ok");
+
+    // One of them ends: its place comes back, to b, once a reports again (within a second).
+    let ended = local.pop().unwrap();
+    release(&a, &ended).await;
+    let mut got = None;
+    for _ in 0..100 {
+        if let Acquired::Granted(g) = acquire(&b).await {
+            got = Some(g);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let g = got.expect("the place of the ended lease came back");
+    assert_eq!(g.upstream, ended.upstream);
+    assert_eq!(acquire(&b).await, Acquired::AtCapacity, "one place only");
+    for l in &local {
+        release(&a, l).await;
+    }
+    release(&b, &g).await;
+    // All ended: b has the whole cap on both members again.
+    let all = common::wait_until_async(
+        || async {
+            let mut grants = Vec::new();
+            for _ in 0..2 * CAP {
+                if let Acquired::Granted(g) = acquire(&b).await {
+                    grants.push(g);
+                }
+            }
+            let n = grants.len();
+            for g in &grants {
+                release(&b, g).await;
+            }
+            n == 2 * CAP as usize
+        },
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(all, "the carried leases were never withdrawn");
+}

@@ -132,6 +132,25 @@ impl MemoryStore {
         }
     }
 
+    /// Hands this store's live leases of `pool` (lease, member, deadline) to `take` under the
+    /// pool's lock, so that none of them ends before `take` has them.
+    pub fn with_own_leases(
+        &self,
+        pool: &str,
+        take: impl FnOnce(Vec<(LeaseId, UpstreamId, Instant)>),
+    ) {
+        if let Ok(entry) = self.entry(pool) {
+            let state = lock(&entry);
+            take(
+                state
+                    .own_leases()
+                    .into_iter()
+                    .map(|(l, up, d)| (LeaseId(l), up, d))
+                    .collect(),
+            );
+        }
+    }
+
     /// [`MemoryStore::hold_all`] for one member: `held` gives its count, read under the lock.
     pub fn hold(&self, pool: &str, upstream: &UpstreamId, held: impl FnOnce() -> u64) {
         if let Ok(entry) = self.entry(pool) {

@@ -533,6 +533,14 @@ impl PoolState {
         }
     }
 
+    /// This store's own live leases: (lease, member, deadline).
+    pub(super) fn own_leases(&self) -> Vec<(u64, UpstreamId, Instant)> {
+        self.members
+            .iter()
+            .flat_map(|(id, m)| m.leases.iter().map(move |(l, d)| (*l, id.clone(), *d)))
+            .collect()
+    }
+
     /// Sets the leases held through Redis on every member: `held` lists the members that have
     /// any (a member listed twice holds the sum); the others hold none.
     pub(super) fn hold_all(&mut self, held: &[(UpstreamId, u64)]) {

@@ -545,6 +545,23 @@ impl Inner {
         }
     }
 
+    /// Back from an outage: the leases the local view granted that still run are reported to
+    /// Redis with this instance's unlisted ones until they end (see `held.rs`), so that Redis
+    /// counts them against caps and loads instead of granting a whole cap beside them. Listed
+    /// under the local view's lock, then `held`'s, the order [`Inner::hold_pool_in_local_view`]
+    /// takes them in.
+    fn carry_local_leases(&self) {
+        for p in self.all_pools() {
+            let name = p.spec.load().name.clone();
+            self.fallback.with_own_leases(&name, |leases| {
+                if !leases.is_empty() {
+                    tracing::info!(pool = %name, leases = leases.len(), "leases of the local view still run: reported to redis until they end");
+                }
+                locked(&p.held).carry(leases.into_iter().map(|(l, up, d)| (l.0, up, d)));
+            });
+        }
+    }
+
     /// [`Inner::hold_in_local_view`] for one pool (after a reload, while degraded). The counts
     /// are read under the local view's pool lock, `held` included: nothing locks `held` first and
     /// then calls the local view, so the two locks are always taken in this order.
@@ -634,7 +651,11 @@ impl Inner {
                     }
                 }
                 match self.try_recover().await {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        // Report the carried leases now rather than at the next tick.
+                        self.flush();
+                        break;
+                    }
                     Err(Fault::Down(why)) => {
                         tracing::debug!(store = %self.redacted, reason = %why, "redis still unreachable");
                         *locked(&self.degraded_reason) = Some(why);
@@ -676,6 +697,8 @@ impl Inner {
                 let mut backlog = locked(&self.backlog);
                 if backlog.is_empty() {
                     self.degraded.store(false, Ordering::SeqCst);
+                    drop(backlog);
+                    self.carry_local_leases();
                     break;
                 }
                 (

@@ -8,6 +8,8 @@
 //! reports the counts once a second with a deadline (`report.lua`), so that other instances see
 //! them and a dead instance's counts lapse after `lease_ttl`, as its leases would have.
 
+use tokio::time::Instant;
+
 use crate::upstream::UpstreamId;
 
 /// This instance's unlisted leases of one pool, and what Redis holds of them.
@@ -15,6 +17,12 @@ use crate::upstream::UpstreamId;
 pub(super) struct Held {
     /// Live unlisted leases per upstream (few upstreams are in use at once: a list beats a map).
     counts: Vec<(UpstreamId, u64)>,
+    /// Leases the local view granted while Redis was unreachable and that still ran when it came
+    /// back (the local view's lease id, the upstream, the lease's deadline). They are reported
+    /// with the unlisted leases, so that Redis counts them against caps and least-connections
+    /// loads until they end; they are not leases of Redis, so [`Held::of`] and [`Held::counts`]
+    /// (what the local view is told at the next outage) leave them out: it holds them as its own.
+    carried: Vec<(u64, UpstreamId, Instant)>,
     /// The counts of the last report Redis acknowledged.
     reported: Vec<(UpstreamId, u64)>,
     /// A report may be in Redis: the last acknowledged one held some, or an unacknowledged one
@@ -49,6 +57,33 @@ impl Held {
         }
     }
 
+    /// Carries the local view's `leases` (see [`Held`]), once each.
+    pub fn carry(&mut self, leases: impl IntoIterator<Item = (u64, UpstreamId, Instant)>) {
+        for (id, up, deadline) in leases {
+            if !self.carried.iter().any(|(l, _, _)| *l == id) {
+                self.carried.push((id, up, deadline));
+            }
+        }
+    }
+
+    /// The local view's lease `id` ended; true when it was carried.
+    pub fn uncarry(&mut self, id: u64) -> bool {
+        match self.carried.iter().position(|(l, _, _)| *l == id) {
+            Some(i) => {
+                self.carried.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The local view's lease `id` was extended to `deadline`.
+    pub fn extend_carried(&mut self, id: u64, deadline: Instant) {
+        if let Some(c) = self.carried.iter_mut().find(|(l, _, _)| *l == id) {
+            c.2 = deadline;
+        }
+    }
+
     /// Live unlisted leases per upstream.
     pub fn counts(&self) -> &[(UpstreamId, u64)] {
         &self.counts
@@ -62,14 +97,24 @@ impl Held {
             .map_or(0, |(_, n)| *n)
     }
 
-    /// What to report now: the counts while any lease is held (that also renews the report's
-    /// deadline), then one empty report; `None` once Redis holds nothing of this instance.
-    pub fn report(&self) -> Option<Report> {
-        if self.counts.is_empty() && !self.in_redis {
+    /// What to report at `now`: the counts, carried leases included, while any lease is held
+    /// (that also renews the report's deadline), then one empty report; `None` once Redis holds
+    /// nothing of this instance. A carried lease past its deadline is dropped: the local view
+    /// purges it too.
+    pub fn report(&mut self, now: Instant) -> Option<Report> {
+        self.carried.retain(|(_, _, deadline)| *deadline > now);
+        if self.counts.is_empty() && self.carried.is_empty() && !self.in_redis {
             return None;
         }
+        let mut counts = self.counts.clone();
+        for (_, up, _) in &self.carried {
+            match counts.iter_mut().find(|(u, _)| u == up) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((up.clone(), 1)),
+            }
+        }
         let mut lines = String::new();
-        for (up, n) in &self.counts {
+        for (up, n) in &counts {
             if !lines.is_empty() {
                 lines.push('\n');
             }
@@ -77,14 +122,15 @@ impl Held {
             lines.push(' ');
             lines.push_str(up.as_str());
         }
+        let now_of = |up: &UpstreamId| counts.iter().find(|(u, _)| u == up).map_or(0, |(_, n)| *n);
         let dropped = self
             .reported
             .iter()
-            .any(|(up, before)| self.of(up.as_str()) < *before);
+            .any(|(up, before)| now_of(up) < *before);
         Some(Report {
             lines,
             dropped,
-            counts: self.counts.clone(),
+            counts,
         })
     }
 
@@ -122,12 +168,15 @@ mod tests {
     #[test]
     fn counts_leases_per_upstream_and_reports_them_as_lines() {
         let mut h = Held::default();
-        assert!(h.report().is_none(), "nothing held, nothing in redis");
+        assert!(
+            h.report(Instant::now()).is_none(),
+            "nothing held, nothing in redis"
+        );
         h.take(&up("a"));
         h.take(&up("b"));
         h.take(&up("a"));
         assert_eq!((h.of("a"), h.of("b"), h.of("c")), (2, 1, 0));
-        let r = h.report().expect("a report");
+        let r = h.report(Instant::now()).expect("a report");
         assert_eq!(r.lines, "2 a\n1 b");
         assert!(!r.dropped);
         let mut live = std::collections::HashMap::new();
@@ -143,36 +192,66 @@ mod tests {
         let mut h = Held::default();
         h.take(&up("a"));
         h.take(&up("a"));
-        let r = h.report().unwrap();
+        let r = h.report(Instant::now()).unwrap();
         h.reported(r);
         // Unchanged counts are reported again: that renews the deadline.
-        let r = h.report().unwrap();
+        let r = h.report(Instant::now()).unwrap();
         assert!(!r.dropped);
         h.reported(r);
         h.end(&up("a"));
-        let r = h.report().unwrap();
+        let r = h.report(Instant::now()).unwrap();
         assert!(r.dropped);
         assert_eq!(r.lines, "1 a");
         h.reported(r);
         h.end(&up("a"));
         h.end(&up("a")); // one too many: ignored
-        let r = h.report().expect("one empty report");
+        let r = h.report(Instant::now()).expect("one empty report");
         assert_eq!(r.lines, "");
         assert!(r.dropped);
         h.reported(r);
-        assert!(h.report().is_none());
+        assert!(h.report(Instant::now()).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn carried_leases_are_reported_until_they_end_or_lapse_but_are_not_held() {
+        let mut h = Held::default();
+        let now = Instant::now();
+        let ttl = std::time::Duration::from_secs(60);
+        h.take(&up("a"));
+        h.carry([(7, up("a"), now + ttl), (8, up("b"), now + ttl)]);
+        h.carry([(7, up("a"), now + ttl)]); // once each
+        let r = h.report(now).unwrap();
+        assert_eq!(r.lines, "2 a\n1 b");
+        h.reported(r);
+        // The local view holds them as its own: not part of this instance's Redis leases.
+        assert_eq!((h.of("a"), h.of("b")), (1, 0));
+        assert_eq!(h.counts(), [(up("a"), 1)]);
+        assert!(h.uncarry(7));
+        assert!(!h.uncarry(7), "ended once");
+        let r = h.report(now).unwrap();
+        assert_eq!(r.lines, "1 a\n1 b");
+        assert!(r.dropped);
+        h.reported(r);
+        // Extended, lease 8 outlives the first deadline, then lapses with its own.
+        h.extend_carried(8, now + 2 * ttl);
+        tokio::time::advance(ttl + std::time::Duration::from_secs(1)).await;
+        assert_eq!(h.report(Instant::now()).unwrap().lines, "1 a\n1 b");
+        tokio::time::advance(ttl).await;
+        let r = h.report(Instant::now()).unwrap();
+        assert_eq!(r.lines, "1 a");
+        assert!(r.dropped);
     }
 
     #[test]
     fn a_report_that_may_have_run_is_followed_by_another() {
         let mut h = Held::default();
-        assert!(h.report().is_none());
+        assert!(h.report(Instant::now()).is_none());
         h.unsure();
         let r = h
-            .report()
+            .report(Instant::now())
             .expect("an empty report, in case the last one ran");
         assert_eq!(r.lines, "");
         h.reported(r);
-        assert!(h.report().is_none());
+        assert!(h.report(Instant::now()).is_none());
     }
 }

@@ -164,10 +164,11 @@ impl Inner {
     ) -> Result<(), StoreError> {
         let p = self.pool(pool)?;
         if lease.0 & FALLBACK_LEASE != 0 {
-            return self
-                .fallback
-                .extend(pool, upstream, LeaseId(lease.0 & !FALLBACK_LEASE))
-                .await;
+            let local = LeaseId(lease.0 & !FALLBACK_LEASE);
+            let r = self.fallback.extend(pool, upstream, local).await;
+            let until = tokio::time::Instant::now() + p.spec.load().lease_ttl;
+            locked(&p.held).extend_carried(local.0, until);
+            return r;
         }
         // An unlisted lease lives as long as this instance's reports do.
         if self.is_degraded() || lease.0 & UNLISTED_LEASE != 0 {
@@ -231,6 +232,9 @@ impl Inner {
             let r = self
                 .fallback
                 .release_now(pool, upstream, local, outcome, latency);
+            // After this, so that a recovery listing the local view's leases either sees it no
+            // more or has carried it already.
+            locked(&p.held).uncarry(local.0);
             p.wake();
             return r.map(|()| None);
         }
@@ -272,7 +276,8 @@ impl Inner {
             return;
         }
         for p in self.all_pools() {
-            if let Some(report) = locked(&p.held).report() {
+            let report = locked(&p.held).report(tokio::time::Instant::now());
+            if let Some(report) = report {
                 let inner = self.clone();
                 let p = p.clone();
                 self.calls.spawn(async move {
