@@ -904,7 +904,7 @@ async fn declare(sizes: &[usize]) -> Result<(), BoxError> {
         .query_async(&mut c)
         .await?;
     println!(
-        "declaring a pool on Redis\nstrategy | members | declaration | wall time | script calls | longest call | Redis time in all"
+        "declaring a pool on Redis\nstrategy | members | declaration | wall time | script calls | longest call | Redis time in all | another instance's slowest acquire"
     );
     for strategy in [Strategy::LeastUsed, Strategy::LeastConnections] {
         for &n in sizes {
@@ -1004,6 +1004,92 @@ async fn declare(sizes: &[usize]) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The same declarations on the embedded store, which makes them under the pool's lock: the
+/// wall time of each and the slowest acquire of a task asking meanwhile.
+async fn declare_memory(sizes: &[usize]) -> Result<(), BoxError> {
+    println!(
+        "declaring a pool on the embedded store\nstrategy | members | declaration | wall time | slowest acquire meanwhile"
+    );
+    for strategy in [Strategy::LeastUsed, Strategy::LeastConnections] {
+        for &n in sizes {
+            let store = Arc::new(AnyStore::Memory(MemoryStore::new()));
+            let base = PoolSpec {
+                strategy,
+                ..leastconn_spec(n)
+            };
+            let mut renamed = base.clone();
+            if let Some(last) = renamed.members.last_mut() {
+                *last = UpstreamId::new("http://192.0.2.1:3128");
+            }
+            let switched = PoolSpec {
+                strategy: if strategy == Strategy::LeastUsed {
+                    Strategy::LeastConnections
+                } else {
+                    Strategy::LeastUsed
+                },
+                ..renamed.clone()
+            };
+            for (what, spec) in [
+                ("fresh", &base),
+                ("again", &base),
+                ("one renamed", &renamed),
+                ("strategy switched", &switched),
+            ] {
+                // A request loop on another worker thread meanwhile (none before the pool exists).
+                let done = Arc::new(AtomicBool::new(false));
+                let started = Arc::new(AtomicBool::new(what == "fresh"));
+                let probe = {
+                    let (store, done, started) = (store.clone(), done.clone(), started.clone());
+                    tokio::spawn(async move {
+                        let mut slowest = Duration::ZERO;
+                        while what != "fresh" && !done.load(Ordering::Relaxed) {
+                            let t = Instant::now();
+                            let got = store.acquire(
+                                POOL,
+                                Want::Any {
+                                    exclude: &[],
+                                    within: None,
+                                },
+                            );
+                            if let Acquired::Granted(g) = got.await? {
+                                slowest = slowest.max(t.elapsed());
+                                store
+                                    .release(
+                                        POOL,
+                                        &g.upstream,
+                                        g.lease,
+                                        Outcome::Ok,
+                                        Duration::ZERO,
+                                    )
+                                    .await?;
+                            }
+                            started.store(true, Ordering::Relaxed);
+                            tokio::task::yield_now().await;
+                        }
+                        Ok::<_, BoxError>(slowest)
+                    })
+                };
+                while !started.load(Ordering::Relaxed) {
+                    tokio::task::yield_now().await;
+                }
+                let t = Instant::now();
+                store.configure(spec.clone()).await?;
+                let wall = t.elapsed();
+                // Let the probe ask at least once more after the declaration.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                done.store(true, Ordering::Relaxed);
+                let slowest = probe.await??;
+                println!(
+                    "{} | {} | {what} | {wall:.1?} | {slowest:.1?}",
+                    strategy.as_str(),
+                    size_name(n)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn parse_sizes(arg: Option<&String>, default: &[usize]) -> Result<Vec<usize>, BoxError> {
     match arg {
         None => Ok(default.to_vec()),
@@ -1027,7 +1113,13 @@ async fn main() -> Result<(), BoxError> {
             sessions(&sizes, arg(2)).await
         }
         ("targets", _) => targets(&parse_sizes(args.get(1), &TARGET_SIZES)?),
-        ("declare", _) => declare(&parse_sizes(args.get(1), &DECLARE_SIZES)?).await,
+        ("declare", _) => {
+            let sizes = parse_sizes(args.get(1), &DECLARE_SIZES)?;
+            if arg(2) != "memory" {
+                declare(&sizes).await?;
+            }
+            declare_memory(&sizes).await
+        }
         ("leastconn", _) => {
             let sizes = parse_sizes(args.get(1), &LEASTCONN_SIZES)?;
             leastconn(&sizes, arg(2)).await

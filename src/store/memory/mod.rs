@@ -624,6 +624,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn declaring_the_same_members_again_keeps_the_cursor_and_takes_a_new_cap() {
+        let (s, m) = store(Strategy::RoundRobin, 3, None).await;
+        let any = || Want::Any {
+            exclude: &[],
+            within: None,
+        };
+        let first = granted(s.acquire("p", any()).await.unwrap());
+        assert_eq!(first.upstream, m[0]);
+        s.release(
+            "p",
+            &first.upstream,
+            first.lease,
+            Outcome::Ok,
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+        let spec = |cap| PoolSpec {
+            name: "p".into(),
+            members: m.clone(),
+            strategy: Strategy::RoundRobin,
+            max_concurrency: cap,
+            lease_ttl: Duration::from_secs(10),
+        };
+        s.configure(spec(Some(1))).await.unwrap();
+        let second = granted(s.acquire("p", any()).await.unwrap());
+        assert_eq!(second.upstream, m[1], "the cursor went on");
+        let third = granted(s.acquire("p", any()).await.unwrap());
+        assert_eq!(third.upstream, m[2]);
+        let fourth = granted(s.acquire("p", any()).await.unwrap());
+        assert_eq!(fourth.upstream, m[0]);
+        // The new cap holds: each member has its one lease.
+        assert_eq!(s.acquire("p", any()).await.unwrap(), Acquired::AtCapacity);
+    }
+
+    #[tokio::test]
     async fn round_robin_and_least_connections_rotate() {
         let (s, m) = store(Strategy::RoundRobin, 3, None).await;
         let mut seen = Vec::new();

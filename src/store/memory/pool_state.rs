@@ -350,6 +350,14 @@ impl PoolState {
     }
 
     pub(super) fn reconfigure(&mut self, spec: PoolSpec) {
+        if spec.members == self.spec.members && spec.strategy == self.spec.strategy {
+            // The same members in the same order (a reload that left the pool alone, or the
+            // Redis store declaring it again): the indexes stand, and the round-robin cursor
+            // goes on, as Redis keeps it. Rebuilding them held the pool's lock for 30-50 ms at
+            // 100,000 members.
+            self.spec = spec;
+            return;
+        }
         // A joining member starts at the current minimum so it is not flooded by least-used.
         let floor = self.by_allocs.first().map_or(0, |(a, _)| *a);
         for m in self.members.values_mut() {
