@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -296,6 +296,55 @@ async fn exclusion_and_no_candidates(b: &Backend) {
         );
         assert_healthy(&c);
     }
+}
+
+/// A pool larger than one declaration call holds (the Redis store declares it in stages), then
+/// reloaded by two instances at once with members leaving, joining in the middle and moving:
+/// every member of the new list, and only those, can be leased.
+async fn a_large_pool_is_declared_and_reloaded_whole(b: &Backend) {
+    let (first, m) = spec(
+        "large",
+        2_500,
+        Strategy::LeastUsed,
+        Some(1),
+        Duration::from_secs(60),
+    );
+    let c = b.clients(2, &first).await;
+    let mut members: Vec<UpstreamId> = m
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 7 != 0)
+        .map(|(_, id)| id.clone())
+        .collect();
+    let joined = (0..150).map(|i| UpstreamId::new(format!("http://10.9.0.{i}:3128")));
+    members.splice(1_200..1_200, joined);
+    members.swap(3, 2_000);
+    let second = PoolSpec {
+        members: members.clone(),
+        ..first.clone()
+    };
+    let (r0, r1) = tokio::join!(
+        c[0].configure(second.clone()),
+        c[1].configure(second.clone())
+    );
+    r0.unwrap();
+    r1.unwrap();
+    // A cap of one: leasing until the pool is full grants each member of the new list once.
+    let mut got = HashSet::new();
+    for i in 0..members.len() {
+        let g = granted(c[i % 2].acquire(&second.name, ANY).await.unwrap());
+        assert!(
+            got.insert(g.upstream.clone()),
+            "{} granted twice",
+            g.upstream
+        );
+    }
+    assert_eq!(
+        c[0].acquire(&second.name, ANY).await.unwrap(),
+        Acquired::AtCapacity
+    );
+    let want: HashSet<UpstreamId> = members.into_iter().collect();
+    assert!(got == want, "the leased members are not the declared list");
 }
 
 async fn strategies_rotate(b: &Backend) {
@@ -1172,6 +1221,7 @@ macro_rules! suite {
 
 suite!(
     least_used_balance,
+    a_large_pool_is_declared_and_reloaded_whole,
     acquire_within_a_subset,
     cap_never_exceeded_under_concurrent_acquires,
     exclusion_and_no_candidates,
