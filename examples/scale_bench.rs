@@ -886,6 +886,33 @@ async fn redis_calls(
     ))
 }
 
+/// The declarations `declare` times, in order: a pool of `n` members allocating by `strategy`
+/// (fresh), the same again, with its last member renamed, and that with the strategy switched.
+fn declarations(strategy: Strategy, n: usize) -> [(&'static str, PoolSpec); 4] {
+    let base = PoolSpec {
+        strategy,
+        ..leastconn_spec(n)
+    };
+    let mut renamed = base.clone();
+    if let Some(last) = renamed.members.last_mut() {
+        *last = UpstreamId::new("http://192.0.2.1:3128");
+    }
+    let switched = PoolSpec {
+        strategy: if strategy == Strategy::LeastUsed {
+            Strategy::LeastConnections
+        } else {
+            Strategy::LeastUsed
+        },
+        ..renamed.clone()
+    };
+    [
+        ("fresh", base.clone()),
+        ("again", base),
+        ("one renamed", renamed),
+        ("strategy switched", switched),
+    ]
+}
+
 /// Declarations of a pool of N members on Redis, fresh, again, with one member renamed and with
 /// the strategy switched: the wall time of each, and the longest single Redis call in it, which
 /// every other instance's acquires wait behind.
@@ -916,23 +943,6 @@ async fn declare(sizes: &[usize]) -> Result<(), BoxError> {
                 instance_id: format!("declare-{}", std::process::id()),
                 tls: Default::default(),
             })?);
-            let base = PoolSpec {
-                strategy,
-                ..leastconn_spec(n)
-            };
-            let mut renamed = base.clone();
-            if let Some(last) = renamed.members.last_mut() {
-                *last = UpstreamId::new("http://192.0.2.1:3128");
-            }
-            let other = if strategy == Strategy::LeastUsed {
-                Strategy::LeastConnections
-            } else {
-                Strategy::LeastUsed
-            };
-            let switched = PoolSpec {
-                strategy: other,
-                ..renamed.clone()
-            };
             // Another instance serving the pool (its store's timeout is the default 250 ms).
             let other = AnyStore::Redis(RedisStore::new(RedisSettings {
                 url: url.clone(),
@@ -942,15 +952,10 @@ async fn declare(sizes: &[usize]) -> Result<(), BoxError> {
                 tls: Default::default(),
             })?);
             let _ = redis_calls(&mut c).await?;
-            for (what, spec) in [
-                ("fresh", &base),
-                ("again", &base),
-                ("one renamed", &renamed),
-                ("strategy switched", &switched),
-            ] {
+            for (what, spec) in declarations(strategy, n) {
                 if what == "again" {
                     // From here on, the other instance serves the pool meanwhile.
-                    other.configure(base.clone()).await?;
+                    other.configure(spec.clone()).await?;
                     let _ = redis_calls(&mut c).await?;
                 }
                 let probing = what != "fresh";
@@ -1013,28 +1018,7 @@ async fn declare_memory(sizes: &[usize]) -> Result<(), BoxError> {
     for strategy in [Strategy::LeastUsed, Strategy::LeastConnections] {
         for &n in sizes {
             let store = Arc::new(AnyStore::Memory(MemoryStore::new()));
-            let base = PoolSpec {
-                strategy,
-                ..leastconn_spec(n)
-            };
-            let mut renamed = base.clone();
-            if let Some(last) = renamed.members.last_mut() {
-                *last = UpstreamId::new("http://192.0.2.1:3128");
-            }
-            let switched = PoolSpec {
-                strategy: if strategy == Strategy::LeastUsed {
-                    Strategy::LeastConnections
-                } else {
-                    Strategy::LeastUsed
-                },
-                ..renamed.clone()
-            };
-            for (what, spec) in [
-                ("fresh", &base),
-                ("again", &base),
-                ("one renamed", &renamed),
-                ("strategy switched", &switched),
-            ] {
+            for (what, spec) in declarations(strategy, n) {
                 // A request loop on another worker thread meanwhile (none before the pool exists).
                 let done = Arc::new(AtomicBool::new(false));
                 let started = Arc::new(AtomicBool::new(what == "fresh"));

@@ -618,15 +618,18 @@ local function pick()
     return pick_within()
   end
   local saw = false
-
-  if strategy == 'least-used' or strategy == 'weighted' then
-    -- Ascending score, ties by id: the first member below its cap wins.
-    local granted = each_member(KEYS[3], function(up, m)
+  -- Ascending score, ties by id: the first member below its cap wins.
+  local function least_used()
+    return each_member(KEYS[3], function(up, m)
       saw = true
       if not at_cap(up) then
         return grant(up, m, '0') or in_use()
       end
     end)
+  end
+
+  if strategy == 'least-used' or strategy == 'weighted' then
+    local granted = least_used()
     if granted then
       return granted
     end
@@ -642,12 +645,7 @@ local function pick()
     if not indexed then
       -- No index to read (see the header): chosen as least-used chooses, not by weighing every
       -- member of a large pool in one call.
-      local granted = each_member(KEYS[3], function(up, m)
-        saw = true
-        if not at_cap(up) then
-          return grant(up, m, '0') or in_use()
-        end
-      end)
+      local granted = least_used()
       if granted then return granted end
       if saw then return cap_reply() end
       return {'none'}

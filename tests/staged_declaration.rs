@@ -17,7 +17,7 @@ use common::RedisServer;
 use poolgate::config::Strategy;
 use poolgate::health::Outcome;
 use poolgate::store::redis::{RedisSettings, RedisStore, script_keys};
-use poolgate::store::{Acquired, AnyStore, PoolSpec, Store, Want};
+use poolgate::store::{Acquired, AnyStore, Grant, PoolSpec, Store, Want};
 use poolgate::upstream::UpstreamId;
 use redis::aio::MultiplexedConnection;
 
@@ -185,6 +185,18 @@ async fn check_pool(c: &mut MultiplexedConnection, pool: &str, members: &[Upstre
     }
 }
 
+/// A plain acquire that must be granted.
+async fn granted(store: &AnyStore, pool: &str) -> Grant {
+    let any = Want::Any {
+        exclude: &[],
+        within: None,
+    };
+    match store.acquire(pool, any).await.unwrap() {
+        Acquired::Granted(g) => g,
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Runs `configure.lua` in `mode` on `pool` with `args`.
 async fn run(
     c: &mut MultiplexedConnection,
@@ -227,19 +239,7 @@ async fn a_large_pool_is_declared_in_short_calls_and_reloads_keep_what_stays() {
     // Traffic moves allocation scores and leaves live leases on some members.
     let mut held = Vec::new();
     for i in 0..40 {
-        let got = a
-            .acquire(
-                "big",
-                Want::Any {
-                    exclude: &[],
-                    within: None,
-                },
-            )
-            .await
-            .unwrap();
-        let Acquired::Granted(g) = got else {
-            panic!("{got:?}")
-        };
+        let g = granted(&a, "big").await;
         if i % 2 == 0 {
             held.push(g);
         } else {
@@ -565,19 +565,7 @@ async fn the_load_index_built_while_requests_run_matches_the_state() {
     check_pool(&mut c, "lc", &members, true).await;
     // A least-connections acquire reads the index now: the member with no live lease and the
     // lowest allocation score, first in order.
-    let got = b
-        .acquire(
-            "lc",
-            Want::Any {
-                exclude: &[],
-                within: None,
-            },
-        )
-        .await
-        .unwrap();
-    let Acquired::Granted(g) = got else {
-        panic!("{got:?}")
-    };
+    let g = granted(&b, "lc").await;
     let live = hash(&mut c, "lc", "live").await;
     assert_eq!(
         live.get(g.upstream.as_str()).map(String::as_str),
@@ -619,19 +607,7 @@ async fn a_large_least_connections_pool_without_an_index_chooses_as_least_used()
         .query_async(&mut c)
         .await
         .unwrap();
-    let got = a
-        .acquire(
-            "nl",
-            Want::Any {
-                exclude: &[],
-                within: None,
-            },
-        )
-        .await
-        .unwrap();
-    let Acquired::Granted(g) = got else {
-        panic!("{got:?}")
-    };
+    let g = granted(&a, "nl").await;
     assert_eq!(g.upstream, members[700]);
     let meta = hash(&mut c, "nl", "meta").await;
     assert!(
