@@ -944,13 +944,13 @@ async fn declare(sizes: &[usize]) -> Result<(), BoxError> {
                 tls: Default::default(),
             })?);
             // Another instance serving the pool (its store's timeout is the default 250 ms).
-            let other = AnyStore::Redis(RedisStore::new(RedisSettings {
+            let other = Arc::new(AnyStore::Redis(RedisStore::new(RedisSettings {
                 url: url.clone(),
                 timeout: Duration::from_millis(250),
                 key_prefix: poolgate::store::redis::DEFAULT_KEY_PREFIX.into(),
                 instance_id: format!("declare-other-{}", std::process::id()),
                 tls: Default::default(),
-            })?);
+            })?));
             let _ = redis_calls(&mut c).await?;
             for (what, spec) in declarations(strategy, n) {
                 if what == "again" {
@@ -958,38 +958,11 @@ async fn declare(sizes: &[usize]) -> Result<(), BoxError> {
                     other.configure(spec.clone()).await?;
                     let _ = redis_calls(&mut c).await?;
                 }
-                let probing = what != "fresh";
-                // Another instance's requests meanwhile: its slowest acquire.
-                let done = AtomicBool::new(false);
-                let probe = async {
-                    let mut slowest = Duration::ZERO;
-                    while probing && !done.load(Ordering::Relaxed) {
-                        let t = Instant::now();
-                        let got = other.acquire(
-                            POOL,
-                            Want::Any {
-                                exclude: &[],
-                                within: None,
-                            },
-                        );
-                        if let Acquired::Granted(g) = got.await? {
-                            slowest = slowest.max(t.elapsed());
-                            other
-                                .release(POOL, &g.upstream, g.lease, Outcome::Ok, Duration::ZERO)
-                                .await?;
-                        }
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    Ok::<_, BoxError>(slowest)
-                };
-                let declaring = async {
-                    let t = Instant::now();
-                    let r = store.configure(spec.clone()).await;
-                    done.store(true, Ordering::Relaxed);
-                    r.map(|()| t.elapsed())
-                };
-                let (wall, slowest) = tokio::join!(declaring, probe);
-                let (wall, slowest) = (wall?, slowest?);
+                // Another instance's requests meanwhile (from the second declaration on).
+                let probe = (what != "fresh").then(|| other.clone());
+                let declaring = async { Ok(store.configure(spec.clone()).await?) };
+                let (wall, slowest) =
+                    timed_with_probe(probe, Duration::from_millis(1), declaring).await?;
                 let (calls, longest, sum) = redis_calls(&mut c).await?;
                 println!(
                     "{} | {} | {what} | {wall:.0?} | {calls} | {longest:.1?} | {sum:.0?} | {slowest:.1?}",
@@ -1009,6 +982,60 @@ async fn declare(sizes: &[usize]) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Runs `declare`, timed, while a task of its own makes acquire and release pairs on `probe`'s
+/// pool (`pause` apart, or a yield when zero; none without `probe`): the declaration's wall time
+/// and the slowest acquire meanwhile. The declaration starts once the first pair is made, and the
+/// probe asks for 5 ms more after it ended.
+async fn timed_with_probe(
+    probe: Option<Arc<AnyStore>>,
+    pause: Duration,
+    declare: impl Future<Output = Result<(), BoxError>>,
+) -> Result<(Duration, Duration), BoxError> {
+    let done = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicBool::new(probe.is_none()));
+    let task = probe.map(|store| {
+        let (done, started) = (done.clone(), started.clone());
+        tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            while !done.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let any = Want::Any {
+                    exclude: &[],
+                    within: None,
+                };
+                if let Acquired::Granted(g) = store.acquire(POOL, any).await? {
+                    slowest = slowest.max(t.elapsed());
+                    store
+                        .release(POOL, &g.upstream, g.lease, Outcome::Ok, Duration::ZERO)
+                        .await?;
+                }
+                started.store(true, Ordering::Relaxed);
+                if pause.is_zero() {
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            Ok::<_, BoxError>(slowest)
+        })
+    });
+    while !started.load(Ordering::Relaxed) {
+        tokio::task::yield_now().await;
+    }
+    let t = Instant::now();
+    let declared = declare.await;
+    let wall = t.elapsed();
+    if task.is_some() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    done.store(true, Ordering::Relaxed);
+    let slowest = match task {
+        Some(task) => task.await??,
+        None => Duration::ZERO,
+    };
+    declared.map(|()| (wall, slowest))
+}
+
 /// The same declarations on the embedded store, which makes them under the pool's lock: the
 /// wall time of each and the slowest acquire of a task asking meanwhile.
 async fn declare_memory(sizes: &[usize]) -> Result<(), BoxError> {
@@ -1020,49 +1047,9 @@ async fn declare_memory(sizes: &[usize]) -> Result<(), BoxError> {
             let store = Arc::new(AnyStore::Memory(MemoryStore::new()));
             for (what, spec) in declarations(strategy, n) {
                 // A request loop on another worker thread meanwhile (none before the pool exists).
-                let done = Arc::new(AtomicBool::new(false));
-                let started = Arc::new(AtomicBool::new(what == "fresh"));
-                let probe = {
-                    let (store, done, started) = (store.clone(), done.clone(), started.clone());
-                    tokio::spawn(async move {
-                        let mut slowest = Duration::ZERO;
-                        while what != "fresh" && !done.load(Ordering::Relaxed) {
-                            let t = Instant::now();
-                            let got = store.acquire(
-                                POOL,
-                                Want::Any {
-                                    exclude: &[],
-                                    within: None,
-                                },
-                            );
-                            if let Acquired::Granted(g) = got.await? {
-                                slowest = slowest.max(t.elapsed());
-                                store
-                                    .release(
-                                        POOL,
-                                        &g.upstream,
-                                        g.lease,
-                                        Outcome::Ok,
-                                        Duration::ZERO,
-                                    )
-                                    .await?;
-                            }
-                            started.store(true, Ordering::Relaxed);
-                            tokio::task::yield_now().await;
-                        }
-                        Ok::<_, BoxError>(slowest)
-                    })
-                };
-                while !started.load(Ordering::Relaxed) {
-                    tokio::task::yield_now().await;
-                }
-                let t = Instant::now();
-                store.configure(spec.clone()).await?;
-                let wall = t.elapsed();
-                // Let the probe ask at least once more after the declaration.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                done.store(true, Ordering::Relaxed);
-                let slowest = probe.await??;
+                let probe = (what != "fresh").then(|| store.clone());
+                let declaring = async { Ok(store.configure(spec.clone()).await?) };
+                let (wall, slowest) = timed_with_probe(probe, Duration::ZERO, declaring).await?;
                 println!(
                     "{} | {} | {what} | {wall:.1?} | {slowest:.1?}",
                     strategy.as_str(),

@@ -25,7 +25,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::RedisServer;
 use poolgate::config::Strategy;
 use poolgate::health::Outcome;
-use poolgate::store::redis::{RedisSettings, RedisStore};
 use poolgate::store::{Acquired, AnyStore, Grant, MemberState, PoolSpec, Store, Subset, Want};
 use poolgate::upstream::UpstreamId;
 use rand::rngs::StdRng;
@@ -60,16 +59,7 @@ fn universe() -> Vec<UpstreamId> {
 }
 
 fn store(url: &str, instance: &str) -> AnyStore {
-    AnyStore::Redis(
-        RedisStore::new(RedisSettings {
-            url: url.to_string(),
-            timeout: Duration::from_secs(5),
-            key_prefix: PREFIX.into(),
-            instance_id: instance.into(),
-            tls: Default::default(),
-        })
-        .unwrap(),
-    )
+    common::redis_store(url, PREFIX, instance)
 }
 
 /// What the rule reads, as Redis holds it.

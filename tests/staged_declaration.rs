@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::RedisServer;
 use poolgate::config::Strategy;
 use poolgate::health::Outcome;
-use poolgate::store::redis::{RedisSettings, RedisStore, script_keys};
+use poolgate::store::redis::script_keys;
 use poolgate::store::{Acquired, AnyStore, Grant, PoolSpec, Store, Want};
 use poolgate::upstream::UpstreamId;
 use redis::aio::MultiplexedConnection;
@@ -36,16 +36,7 @@ fn now_ms() -> u64 {
 }
 
 fn store(url: &str, instance: &str) -> AnyStore {
-    AnyStore::Redis(
-        RedisStore::new(RedisSettings {
-            url: url.to_string(),
-            timeout: Duration::from_secs(5),
-            key_prefix: PREFIX.into(),
-            instance_id: instance.into(),
-            tls: Default::default(),
-        })
-        .unwrap(),
-    )
+    common::redis_store(url, PREFIX, instance)
 }
 
 fn ids(range: std::ops::Range<usize>) -> Vec<UpstreamId> {

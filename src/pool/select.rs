@@ -286,9 +286,8 @@ fn rejected(gw: &Gateway, route: &Route, scope: Scope, ready_at: Option<Instant>
     }
 }
 
-/// The lease for a grant, with its upstream as configured.
-/// The lease of `grant`, or `None` when its upstream is one no config of this instance lists
-/// (handed back at once, as cancelled).
+/// The lease for a grant, with its upstream as configured; `None` when no config of this
+/// instance lists its upstream (handed back at once, as cancelled, and added to `unknown`).
 async fn lease_for(
     gw: &Gateway,
     route: &Route,

@@ -35,7 +35,7 @@ pub use gateway::{TestGateway, admin_get, admin_json};
 #[allow(unused_imports)]
 pub use origin::{Origin, OriginBehaviour, RecordedRequest, pattern_bytes};
 #[allow(unused_imports)]
-pub use redis_server::{RedisCluster, RedisServer};
+pub use redis_server::{RedisCluster, RedisServer, redis_store};
 #[allow(unused_imports)]
 pub use tls::TestCa;
 

@@ -53,6 +53,22 @@ pub struct Setup {
 
 /// A port on 127.0.0.1 that was free a moment ago; for a cluster node, its bus port
 /// (port + 10000) too.
+/// The gateway's Redis store on `url`, its keys under `prefix`, as instance `instance`, with a
+/// generous store timeout (the machine may be busy).
+pub fn redis_store(url: &str, prefix: &str, instance: &str) -> poolgate::store::AnyStore {
+    use poolgate::store::redis::{RedisSettings, RedisStore};
+    poolgate::store::AnyStore::Redis(
+        RedisStore::new(RedisSettings {
+            url: url.to_string(),
+            timeout: Duration::from_secs(5),
+            key_prefix: prefix.into(),
+            instance_id: instance.into(),
+            tls: Default::default(),
+        })
+        .unwrap(),
+    )
+}
+
 fn pick_port(cluster: bool) -> u16 {
     for _ in 0..100 {
         let port = super::free_port();

@@ -140,14 +140,7 @@ impl MemoryStore {
         take: impl FnOnce(Vec<(LeaseId, UpstreamId, Instant)>),
     ) {
         if let Ok(entry) = self.entry(pool) {
-            let state = lock(&entry);
-            take(
-                state
-                    .own_leases()
-                    .into_iter()
-                    .map(|(l, up, d)| (LeaseId(l), up, d))
-                    .collect(),
-            );
+            take(lock(&entry).own_leases());
         }
     }
 

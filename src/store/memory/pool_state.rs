@@ -627,10 +627,14 @@ impl PoolState {
     }
 
     /// This store's own live leases: (lease, member, deadline).
-    pub(super) fn own_leases(&self) -> Vec<(u64, UpstreamId, Instant)> {
+    pub(super) fn own_leases(&self) -> Vec<(LeaseId, UpstreamId, Instant)> {
         self.members
             .iter()
-            .flat_map(|(id, m)| m.leases.iter().map(move |(l, d)| (*l, id.clone(), *d)))
+            .flat_map(|(id, m)| {
+                m.leases
+                    .iter()
+                    .map(move |(l, d)| (LeaseId(*l), id.clone(), *d))
+            })
             .collect()
     }
 

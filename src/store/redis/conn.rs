@@ -557,7 +557,7 @@ impl Inner {
                 if !leases.is_empty() {
                     tracing::info!(pool = %name, leases = leases.len(), "leases of the local view still run: reported to redis until they end");
                 }
-                locked(&p.held).carry(leases.into_iter().map(|(l, up, d)| (l.0, up, d)));
+                locked(&p.held).carry(leases);
             });
         }
     }

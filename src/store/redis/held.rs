@@ -10,6 +10,7 @@
 
 use tokio::time::Instant;
 
+use crate::store::LeaseId;
 use crate::upstream::UpstreamId;
 
 /// This instance's unlisted leases of one pool, and what Redis holds of them.
@@ -22,7 +23,7 @@ pub(super) struct Held {
     /// with the unlisted leases, so that Redis counts them against caps and least-connections
     /// loads until they end; they are not leases of Redis, so [`Held::of`] and [`Held::counts`]
     /// (what the local view is told at the next outage) leave them out: it holds them as its own.
-    carried: Vec<(u64, UpstreamId, Instant)>,
+    carried: Vec<(LeaseId, UpstreamId, Instant)>,
     /// The counts of the last report Redis acknowledged.
     reported: Vec<(UpstreamId, u64)>,
     /// A report may be in Redis: the last acknowledged one held some, or an unacknowledged one
@@ -58,7 +59,7 @@ impl Held {
     }
 
     /// Carries the local view's `leases` (see [`Held`]), once each.
-    pub fn carry(&mut self, leases: impl IntoIterator<Item = (u64, UpstreamId, Instant)>) {
+    pub fn carry(&mut self, leases: impl IntoIterator<Item = (LeaseId, UpstreamId, Instant)>) {
         for (id, up, deadline) in leases {
             if !self.carried.iter().any(|(l, _, _)| *l == id) {
                 self.carried.push((id, up, deadline));
@@ -67,7 +68,7 @@ impl Held {
     }
 
     /// The local view's lease `id` ended; true when it was carried.
-    pub fn uncarry(&mut self, id: u64) -> bool {
+    pub fn uncarry(&mut self, id: LeaseId) -> bool {
         match self.carried.iter().position(|(l, _, _)| *l == id) {
             Some(i) => {
                 self.carried.swap_remove(i);
@@ -78,7 +79,7 @@ impl Held {
     }
 
     /// The local view's lease `id` was extended to `deadline`.
-    pub fn extend_carried(&mut self, id: u64, deadline: Instant) {
+    pub fn extend_carried(&mut self, id: LeaseId, deadline: Instant) {
         if let Some(c) = self.carried.iter_mut().find(|(l, _, _)| *l == id) {
             c.2 = deadline;
         }
@@ -218,22 +219,25 @@ mod tests {
         let now = Instant::now();
         let ttl = std::time::Duration::from_secs(60);
         h.take(&up("a"));
-        h.carry([(7, up("a"), now + ttl), (8, up("b"), now + ttl)]);
-        h.carry([(7, up("a"), now + ttl)]); // once each
+        h.carry([
+            (LeaseId(7), up("a"), now + ttl),
+            (LeaseId(8), up("b"), now + ttl),
+        ]);
+        h.carry([(LeaseId(7), up("a"), now + ttl)]); // once each
         let r = h.report(now).unwrap();
         assert_eq!(r.lines, "2 a\n1 b");
         h.reported(r);
         // The local view holds them as its own: not part of this instance's Redis leases.
         assert_eq!((h.of("a"), h.of("b")), (1, 0));
         assert_eq!(h.counts(), [(up("a"), 1)]);
-        assert!(h.uncarry(7));
-        assert!(!h.uncarry(7), "ended once");
+        assert!(h.uncarry(LeaseId(7)));
+        assert!(!h.uncarry(LeaseId(7)), "ended once");
         let r = h.report(now).unwrap();
         assert_eq!(r.lines, "1 a\n1 b");
         assert!(r.dropped);
         h.reported(r);
         // Extended, lease 8 outlives the first deadline, then lapses with its own.
-        h.extend_carried(8, now + 2 * ttl);
+        h.extend_carried(LeaseId(8), now + 2 * ttl);
         tokio::time::advance(ttl + std::time::Duration::from_secs(1)).await;
         assert_eq!(h.report(Instant::now()).unwrap().lines, "1 a\n1 b");
         tokio::time::advance(ttl).await;

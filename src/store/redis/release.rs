@@ -167,7 +167,7 @@ impl Inner {
             let local = LeaseId(lease.0 & !FALLBACK_LEASE);
             let r = self.fallback.extend(pool, upstream, local).await;
             let until = tokio::time::Instant::now() + p.spec.load().lease_ttl;
-            locked(&p.held).extend_carried(local.0, until);
+            locked(&p.held).extend_carried(local, until);
             return r;
         }
         // An unlisted lease lives as long as this instance's reports do.
@@ -234,7 +234,7 @@ impl Inner {
                 .release_now(pool, upstream, local, outcome, latency);
             // After this, so that a recovery listing the local view's leases either sees it no
             // more or has carried it already.
-            locked(&p.held).uncarry(local.0);
+            locked(&p.held).uncarry(local);
             p.wake();
             return r.map(|()| None);
         }
