@@ -26,13 +26,13 @@
 -- KEYS[12] load_of   HASH    upstream -> "<cost> <its entry in load>"
 -- KEYS[13] sess      STRING  the session's upstream, PXAT = now + session TTL (session modes only)
 -- KEYS[13] subset    ZSET    a label filter's members -> allocations through the filter
---                            (within mode; KEYS[14] in session-within mode)
+--                            (within and many-within modes; KEYS[14] in session-within mode)
 --
 -- ARGV[1]  now (ms)           ARGV[2]  lease id (chosen by the caller, unique), or "-"
 -- ARGV[3]  lease deadline (ms, after now)   ARGV[4]  cap: live leases per upstream (0 = none)
 -- ARGV[5]  strategy: least-used | weighted | least-connections | round-robin
 -- ARGV[6]  events channel (a purge that freed capacity publishes "r")
--- ARGV[7]  mode: any | many | session
+-- ARGV[7]  mode: any | many | many-within | session | within | session-within
 --   any:     ARGV[8..]  upstreams to exclude (already tried)
 --   many:    ARGV[8..]  lease ids or "-" (ARGV[2] is ignored): one plain acquire per id, in
 --                       order, as if each were its own run; the reply is the list of their
@@ -41,6 +41,9 @@
 --                       client a fraction of a list of lists to parse). A gateway sends the plain
 --                       acquires that queued up while its last call was under way this way, so
 --                       Redis pays the per-call cost once for all of them.
+--   many-within: ARGV[8..] lease ids or "-": one `within` acquire per id, nothing excluded, in
+--            order, replied as `many` replies; the subset (KEYS[13]) is named only, and when it
+--            is missing every reply is "nosubset" (the caller sends its members in a `within`).
 --   session: ARGV[8] session TTL (ms)  ARGV[9] rebind (0|1)  ARGV[10] session key (checked only)
 --            ARGV[11..] preferred upstreams, in consistent-hash order
 --   within:  an `any` among the members of a label filter's subset only. ARGV[8] count e of
@@ -102,7 +105,7 @@ local mode = ARGV[7]
 
 -- Validate everything before the first write: Redis does not roll back a half-run script.
 if #KEYS < 12 or not now or not deadline or deadline <= now or not cap or cap < 0
-    or not channel or (mode ~= 'many' and (not lease or lease == '')) then
+    or not channel or (mode ~= 'many' and mode ~= 'many-within' and (not lease or lease == '')) then
   return redis.error_reply('ERR acquire: bad arguments')
 end
 if strategy ~= 'least-used' and strategy ~= 'weighted' and strategy ~= 'least-connections'
@@ -114,6 +117,8 @@ local sess_ttl, rebind, skey
 local pref_first, pref_last = 11, #ARGV
 local excl_first, excl_last = 8, #ARGV
 local sub, sub_first = nil, #ARGV + 1
+-- many-within: one `within` acquire per lease id, in order.
+local batch_within = false
 if mode == 'session' or mode == 'session-within' then
   sess_ttl = tonumber(ARGV[8])
   rebind = ARGV[9] == '1'
@@ -140,7 +145,7 @@ elseif mode == 'within' then
   excl_first, excl_last = 9, 8 + e
   sub_first = 9 + e
   mode = 'any'
-elseif mode == 'many' then
+elseif mode == 'many' or mode == 'many-within' then
   if #ARGV < 8 then
     return redis.error_reply('ERR acquire: no lease ids')
   end
@@ -149,16 +154,28 @@ elseif mode == 'many' then
       return redis.error_reply('ERR acquire: empty lease id')
     end
   end
+  if mode == 'many-within' then
+    if #KEYS < 13 then
+      return redis.error_reply('ERR acquire: bad many-within arguments')
+    end
+    sub = KEYS[13]
+    batch_within = true
+    mode = 'any'
+  end
 elseif mode ~= 'any' then
   return redis.error_reply('ERR acquire: unknown mode')
 end
+-- The same reply for every acquire of a batch.
+local function each(reply)
+  local all = {}
+  for i = 8, #ARGV do
+    all[#all + 1] = reply
+  end
+  return all
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if mode == 'many' then
-    local all = {}
-    for i = 8, #ARGV do
-      all[#all + 1] = 'unconfigured'
-    end
-    return all
+  if mode == 'many' or batch_within then
+    return each('unconfigured')
   end
   return {'unconfigured'}
 end
@@ -175,6 +192,9 @@ local SUBSET_TTL = '86400000'
 
 -- A missing subset is made from the members the caller sent; without them the caller is asked.
 if sub and redis.call('EXISTS', sub) == 0 then
+  if batch_within then
+    return each('nosubset')
+  end
   if sub_first > #ARGV then
     return {'nosubset'}
   end
@@ -841,6 +861,14 @@ if mode == 'many' then
   end
   for i, reply in ipairs(replies) do
     replies[i] = line(reply)
+  end
+  return replies
+end
+if batch_within then
+  local replies = {}
+  for i = 8, #ARGV do
+    lease = ARGV[i]
+    replies[#replies + 1] = line(pick())
   end
   return replies
 end

@@ -3,6 +3,9 @@
 //! every reply, and the state left behind, are exactly what the same acquires give when each
 //! runs as its own call (`any` mode), one after another, on an identical copy of the pool.
 //!
+//! The `many-within` mode holds to the same contract against single `within` acquires inside a
+//! label filter's subset.
+//!
 //! Each case builds two copies of one pool under different hash tags of one test-started Redis,
 //! runs the batch on one and the single acquires on the other, and compares replies and keys.
 
@@ -12,8 +15,8 @@ mod common;
 
 use common::RedisServer;
 use poolgate::store::redis::script_keys;
-use redis::Value;
 use redis::aio::MultiplexedConnection;
+use redis::{AsyncCommands, Value};
 
 const SCRIPT: &str = include_str!("../lua/acquire.lua");
 const NOW: u64 = 1_000_000;
@@ -148,13 +151,38 @@ async fn dump(c: &mut MultiplexedConnection, tag: &str) -> Vec<String> {
         .await
         .expect("state");
     state.sort();
+    let subset: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(subset_key(tag))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(c)
+        .await
+        .expect("subset");
+    // The cursors (round-robin's, the pool's and a subset's) hold the other copy's key name.
+    let mut meta: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&k[0])
+        .query_async::<Vec<(String, String)>>(c)
+        .await
+        .expect("meta")
+        .into_iter()
+        .map(|(f, v)| (f.replace(tag, "TAG"), v))
+        .collect();
+    meta.sort();
     vec![
         format!("members {members:?}"),
         format!("leases {leases:?}"),
         format!("lease_up {lease_up:?}"),
         format!("live {live:?}"),
         format!("state {state:?}"),
+        format!("subset {subset:?}"),
+        format!("meta {meta:?}"),
     ]
+}
+
+/// The key of a label filter's subset (`acquire.lua`'s last key in the within modes).
+fn subset_key(tag: &str) -> String {
+    format!("t:{{{tag}}}:subset:country=us#1")
 }
 
 /// Another gateway's report of unlisted leases (see `report.lua`): its deadline and lines.
@@ -205,22 +233,60 @@ async fn same_as_single_runs_with(
     cap: u32,
     strategy: &str,
 ) -> Vec<String> {
+    compare(members, taken, reports, None, ids, cap, strategy).await
+}
+
+/// Runs `ids` as one `many-within` batch and as single `within` acquires inside a subset of
+/// `subset` members with the allocation scores `subset_scores` (by position); the contract of
+/// [`same_as_single_runs`].
+async fn same_as_single_runs_within(
+    members: &[Member],
+    subset: &[(&str, u64)],
+    ids: &[&str],
+    cap: u32,
+    strategy: &str,
+) -> Vec<String> {
+    compare(members, &[], &[], Some(subset), ids, cap, strategy).await
+}
+
+async fn compare(
+    members: &[Member],
+    taken: &[&str],
+    reports: &[Report],
+    subset: Option<&[(&str, u64)]>,
+    ids: &[&str],
+    cap: u32,
+    strategy: &str,
+) -> Vec<String> {
     let redis = RedisServer::start().await;
     let mut c = connect(&redis).await;
     let script = redis::Script::new(SCRIPT);
     for tag in ["batch", "single"] {
         setup(&mut c, tag, members, taken).await;
         add_reports(&mut c, tag, reports).await;
+        for (id, score) in subset.unwrap_or_default() {
+            let _: () = c.zadd(subset_key(tag), *id, *score).await.expect("subset");
+        }
     }
-
-    let mut inv = invocation(&script, "batch", "-", cap, strategy, "many");
+    let (batch_mode, single_mode) = match subset {
+        Some(_) => ("many-within", "within"),
+        None => ("many", "any"),
+    };
+    let mut inv = invocation(&script, "batch", "-", cap, strategy, batch_mode);
+    if subset.is_some() {
+        inv.key(subset_key("batch"));
+    }
     for id in ids {
         inv.arg(*id);
     }
     let batch: Result<Value, _> = inv.invoke_async(&mut c).await;
     let mut single = Vec::new();
     for id in ids {
-        let inv = invocation(&script, "single", id, cap, strategy, "any");
+        let mut inv = invocation(&script, "single", id, cap, strategy, single_mode);
+        if subset.is_some() {
+            // Nothing excluded; the subset named only.
+            inv.key(subset_key("single")).arg("0");
+        }
         let reply: Value = match inv.invoke_async(&mut c).await {
             Ok(v) => v,
             Err(e) => Value::SimpleString(format!("error {}", e.code().unwrap_or("?"))),
@@ -445,4 +511,66 @@ async fn a_cap_counts_the_unlisted_leases_other_gateways_report() {
         "{replies:?}"
     );
     assert!(replies[9].contains("cap"), "{}", replies[9]);
+}
+
+/// A subset of five of eight members under a cap of 2, with uneven allocation scores through the
+/// filter: least-used and weighted fill the subset's members in its order, then every acquire
+/// is refused with the earliest deadline; members outside it are never taken.
+#[tokio::test]
+async fn within_a_subset_caps_fill_up_in_the_subsets_order() {
+    let members = numbered(8, |i| {
+        (1 + (i % 3) as u32, (i % 4) as u64, u32::from(i == 2))
+    });
+    let subset = [("u01", 4), ("u02", 0), ("u04", 1), ("u06", 1), ("u07", 9)];
+    let ids: Vec<String> = (1..=13).map(|i| format!("w{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    for strategy in ["least-used", "weighted"] {
+        let replies = same_as_single_runs_within(&members, &subset, &ids, 2, strategy).await;
+        let granted: Vec<&String> = replies.iter().filter(|r| r.contains("granted")).collect();
+        assert_eq!(granted.len(), 9, "u02 had one live lease: {replies:?}");
+        assert!(
+            granted
+                .iter()
+                .all(|r| subset.iter().any(|(id, _)| r.ends_with(id))),
+            "{replies:?}"
+        );
+        assert!(replies[12].starts_with("cap"), "{replies:?}");
+    }
+}
+
+/// Round-robin walks the subset from its own cursor (kept in the meta hash), and
+/// least-connections weighs the subset's live leases; listed and unlisted leases mixed.
+#[tokio::test]
+async fn within_a_subset_round_robin_and_least_connections() {
+    let members = numbered(6, |i| (1, i as u64, (i % 2) as u32));
+    let subset = [("u00", 0), ("u01", 0), ("u03", 0), ("u04", 0)];
+    let ids = ["a", "-", "b", "c", "-", "d", "e", "-", "f"];
+    let replies = same_as_single_runs_within(&members, &subset, &ids, 0, "round-robin").await;
+    assert!(replies.iter().all(|r| r.contains("granted")), "{replies:?}");
+    let replies = same_as_single_runs_within(&members, &subset, &ids, 3, "least-connections").await;
+    assert!(replies.iter().all(|r| r.contains("granted")), "{replies:?}");
+}
+
+/// A subset that expired (or that Redis lost) is answered `nosubset` for every acquire of the
+/// batch, and nothing is written: the gateway asks again with the members.
+#[tokio::test]
+async fn a_missing_subset_is_answered_for_the_whole_batch_and_nothing_written() {
+    let redis = RedisServer::start().await;
+    let mut c = connect(&redis).await;
+    let members = numbered(3, |_| (1, 0, 0));
+    setup(&mut c, "gone", &members, &[]).await;
+    let before = dump(&mut c, "gone").await;
+    let script = redis::Script::new(SCRIPT);
+    let mut inv = invocation(&script, "gone", "-", 0, "least-used", "many-within");
+    inv.key(subset_key("gone"));
+    for id in ["x1", "-", "x2"] {
+        inv.arg(id);
+    }
+    let replies: Vec<String> = inv.invoke_async(&mut c).await.expect("batch");
+    assert_eq!(replies, ["nosubset"; 3]);
+    assert_eq!(dump(&mut c, "gone").await, before);
+    // Without the subset's key the call is refused before anything runs.
+    let mut inv = invocation(&script, "gone", "-", 0, "least-used", "many-within");
+    let refused: Result<Value, _> = inv.arg("x3").invoke_async(&mut c).await;
+    assert!(refused.is_err(), "{refused:?}");
 }

@@ -198,14 +198,28 @@ async fn least_used_balance(b: &Backend) {
 }
 
 async fn cap_never_exceeded_under_concurrent_acquires(b: &Backend) {
+    cap_held_under_concurrent_acquires(b, None).await;
+}
+
+/// The same inside a label filter: the subset's members only, each at most at its cap.
+async fn cap_never_exceeded_within_a_subset_under_concurrent_acquires(b: &Backend) {
+    cap_held_under_concurrent_acquires(b, Some(&[0, 2, 3])).await;
+}
+
+/// 24 tasks on 3 clients acquire (waiting for capacity) and release 8 times each, among the whole
+/// pool of 4 or within the members at `within`'s positions: no upstream ever holds more than the
+/// cap, the cap is reached, every allocation is counted and every lease ends.
+async fn cap_held_under_concurrent_acquires(b: &Backend, within: Option<&[usize]>) {
     const CAP: usize = 2;
-    let (spec, _) = spec(
+    let (spec, m) = spec(
         "cap",
         4,
         Strategy::LeastUsed,
         Some(CAP as u32),
         Duration::from_secs(30),
     );
+    let subset: Option<Arc<Vec<UpstreamId>>> =
+        within.map(|at| Arc::new(at.iter().map(|&i| m[i].clone()).collect()));
     let c = b.clients(3, &spec).await;
     let live: Arc<Mutex<HashMap<UpstreamId, (usize, usize)>>> = Arc::default();
     let mut tasks = tokio::task::JoinSet::new();
@@ -213,9 +227,20 @@ async fn cap_never_exceeded_under_concurrent_acquires(b: &Backend) {
         let s = c[t % c.len()].clone();
         let pool = spec.name.clone();
         let live = live.clone();
+        let subset = subset.clone();
         tasks.spawn(async move {
+            let want = Want::Any {
+                exclude: &[],
+                within: subset.as_deref().map(|members| Subset {
+                    id: "tier=a#1",
+                    members,
+                }),
+            };
             for _ in 0..8 {
-                let g = acquire_waiting(&s, &pool, ANY).await;
+                let g = acquire_waiting(&s, &pool, want).await;
+                if let Some(members) = &subset {
+                    assert!(members.contains(&g.upstream), "{} outside", g.upstream);
+                }
                 {
                     let mut l = live.lock().unwrap();
                     let e = l.entry(g.upstream.clone()).or_default();
@@ -236,6 +261,9 @@ async fn cap_never_exceeded_under_concurrent_acquires(b: &Backend) {
     assert!(peaks.contains(&CAP), "the cap was reached: {peaks:?}");
     let total: u64 = allocations(&c[0], &spec.name).await.values().sum();
     assert_eq!(total, 24 * 8);
+    if let Some(members) = &subset {
+        assert_eq!(peaks.len(), members.len(), "{peaks:?}");
+    }
     let st = c[0].status(&spec.name).await.unwrap();
     assert!(st.members.iter().all(|m| m.leases_live == 0), "{st:?}");
     assert_healthy(&c);
@@ -1224,6 +1252,7 @@ suite!(
     a_large_pool_is_declared_and_reloaded_whole,
     acquire_within_a_subset,
     cap_never_exceeded_under_concurrent_acquires,
+    cap_never_exceeded_within_a_subset_under_concurrent_acquires,
     exclusion_and_no_candidates,
     strategies_rotate,
     sessions_bind_once_and_slide,
@@ -1288,6 +1317,91 @@ async fn redis_acquires_and_releases_arriving_together_share_calls() {
     assert!(st.members.iter().all(|m| m.leases_live == 0), "{st:?}");
     let ok: u64 = st.members.iter().map(|m| m.outcomes["ok"]).sum();
     assert_eq!(ok, 120);
+    assert_healthy(&c);
+}
+
+/// Acquires within a label filter that arrive together share calls too, once the subset's
+/// members were sent: 120 at once take a few calls, each gets its own lease, and the subset's
+/// members share them evenly (least-used counts allocations through the filter). When the
+/// subset has gone from Redis, the batch is answered for each acquire and each asks again with
+/// the members: none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_acquires_within_a_subset_arriving_together_share_calls() {
+    let server = RedisServer::start().await;
+    let backend = Backend::Redis(server.url());
+    let (spec, m) = spec(
+        "within-batch",
+        8,
+        Strategy::LeastUsed,
+        Some(1000),
+        Duration::from_secs(60),
+    );
+    let c = backend.clients(1, &spec).await;
+    let us: Arc<Vec<UpstreamId>> = Arc::new(vec![m[0].clone(), m[3].clone(), m[5].clone()]);
+    let evalsha = || server.command_calls()["evalsha"];
+    let together = |n: usize| {
+        let (s, pool, us) = (c[0].clone(), spec.name.clone(), us.clone());
+        async move {
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..n {
+                let (s, pool, us) = (s.clone(), pool.clone(), us.clone());
+                set.spawn(async move {
+                    let within = Some(Subset {
+                        id: "country=us#1",
+                        members: &us,
+                    });
+                    let want = Want::Any {
+                        exclude: &[],
+                        within,
+                    };
+                    granted(s.acquire(&pool, want).await.unwrap())
+                });
+            }
+            let mut grants = Vec::new();
+            while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
+                .await
+                .expect("acquires answered")
+            {
+                grants.push(r.unwrap());
+            }
+            grants
+        }
+    };
+    // The first sends the members.
+    let mut grants = together(1).await;
+    let before = evalsha();
+    grants.extend(together(119).await);
+    let calls = evalsha() - before;
+    assert!((1..=20).contains(&calls), "119 acquires took {calls} calls");
+    let leases: std::collections::HashSet<_> = grants.iter().map(|g| g.lease).collect();
+    assert_eq!(leases.len(), 120, "every acquire got its own lease");
+    let mut per: HashMap<UpstreamId, usize> = HashMap::new();
+    for g in &grants {
+        *per.entry(g.upstream.clone()).or_default() += 1;
+    }
+    assert!(
+        per.len() == 3 && per.keys().all(|u| us.contains(u)) && per.values().all(|&n| n == 40),
+        "{per:?}"
+    );
+
+    let subset_key = format!("pgtest:{{{}}}:sub:country=us#1", spec.name);
+    assert_eq!(
+        server.cli(&["DEL", &subset_key]).trim(),
+        "1",
+        "the key's name"
+    );
+    let again = together(30).await;
+    assert!(again.iter().all(|g| us.contains(&g.upstream)), "{again:?}");
+    assert_eq!(
+        server.cli(&["EXISTS", &subset_key]).trim(),
+        "1",
+        "made again"
+    );
+    for g in grants.iter().chain(&again) {
+        release(&c[0], &spec.name, g).await;
+    }
+    let st = c[0].status(&spec.name).await.unwrap();
+    assert!(st.members.iter().all(|m| m.leases_live == 0), "{st:?}");
     assert_healthy(&c);
 }
 

@@ -1,15 +1,17 @@
 //! Acquires: a session's or an excluding one in a call of its own, plain ones batched (see
 //! `batch.rs`) or served from the stock (see `stock.rs`), and while the pool is full one probe
-//! at a time (see [`Inner::acquire`]).
+//! at a time (see [`Inner::acquire`]); those within a label filter batched per subset once its
+//! members were sent.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::batch::Batcher;
 use super::scripts::{self, AcquireReply, Call};
 use super::{
-    FALLBACK_LEASE, Fault, Inner, PoolLocal, UNLISTED_LEASE, broken, locked, millis, now_ms,
-    takes_unlisted_leases,
+    ACQUIRE_BATCH, ACQUIRE_CALLS, FALLBACK_LEASE, Fault, Inner, PoolLocal, UNLISTED_LEASE, broken,
+    locked, millis, now_ms, takes_unlisted_leases,
 };
 use crate::config::Strategy;
 use crate::store::{Acquired, Grant, LeaseId, Store, StoreError, Want};
@@ -36,16 +38,33 @@ fn acquire_sender(
     let (inner, p) = (inner.clone(), p.clone());
     move |items| {
         let (inner, p) = (inner.clone(), p.clone());
+        Box::pin(async move { degrade_if_down(&inner, inner.acquire_many(&p, &items).await) })
+    }
+}
+
+/// What sends a batch of acquires of pool `p` within subset `id`.
+fn within_sender(
+    inner: &Arc<Inner>,
+    p: &Arc<PoolLocal>,
+    id: &str,
+) -> impl FnMut(Vec<LeaseId>) -> AcquireCall + Send + 'static {
+    let (inner, p, id) = (inner.clone(), p.clone(), Arc::<str>::from(id));
+    move |leases| {
+        let (inner, p, id) = (inner.clone(), p.clone(), id.clone());
         Box::pin(async move {
-            let r = inner.acquire_many(&p, &items).await;
-            if let Err(Fault::Down(why)) = &r {
-                // Now, before this task sends the acquires that queued meanwhile: they go to the
-                // local view at once instead of waiting out a second timeout.
-                inner.degrade(why);
-            }
-            r
+            degrade_if_down(&inner, inner.acquire_many_within(&p, &id, &leases).await)
         })
     }
+}
+
+/// A batched call that found Redis gone degrades the store now, before its task sends the
+/// acquires that queued meanwhile: they go to the local view at once instead of waiting out a
+/// second timeout.
+fn degrade_if_down<R>(inner: &Arc<Inner>, r: Result<R, Fault>) -> Result<R, Fault> {
+    if let Err(Fault::Down(why)) = &r {
+        inner.degrade(why);
+    }
+    r
 }
 
 /// The `many` mode's reply lines as each item's answer (a refill's is a placeholder nobody
@@ -357,6 +376,57 @@ impl Inner {
         }
     }
 
+    /// Acquires within subset `id`, whose members were sent, one per lease, in one call
+    /// (`many-within` mode). When the subset has gone from Redis every reply is `NoSubset`, and
+    /// each acquire is asked again on its own with the members.
+    async fn acquire_many_within(
+        &self,
+        p: &PoolLocal,
+        id: &str,
+        leases: &[LeaseId],
+    ) -> Result<Vec<AcquireReply>, Fault> {
+        if self.is_degraded() {
+            // As in `acquire_many`: queued behind a call that found Redis gone.
+            return Err(Fault::Down("the store is degraded".into()));
+        }
+        let mut inv = self.acquire_call(p, None, None, Some(id));
+        inv.arg("many-within");
+        for lease in leases {
+            lease_arg(&mut inv, *lease);
+        }
+        let replies: Vec<String> = self.eval(&inv, self.timeout).await?;
+        if replies.len() != leases.len() {
+            return Err(Fault::Broken(format!(
+                "acquire: {} replies for {} leases within a subset",
+                replies.len(),
+                leases.len()
+            )));
+        }
+        replies
+            .iter()
+            .map(|r| AcquireReply::parse_line(r).map_err(Fault::Broken))
+            .collect()
+    }
+
+    /// The batcher of acquires within subset `id` of pool `p`.
+    fn within_batcher(&self, p: &PoolLocal, id: &str) -> Arc<Batcher<LeaseId, AcquireReply>> {
+        let mut batchers = locked(&p.within);
+        if let Some(b) = batchers.get(id) {
+            return b.clone();
+        }
+        if batchers.len() >= MAX_SUBSETS_SENT {
+            // Calls under way keep their batcher until they end.
+            batchers.clear();
+        }
+        let b = Arc::new(Batcher::new(
+            ACQUIRE_BATCH,
+            ACQUIRE_CALLS,
+            self.calls.clone(),
+        ));
+        batchers.insert(id.to_string(), b.clone());
+        b
+    }
+
     /// A grant from the stock, when the pool keeps one and it holds a fresh grant; posts a
     /// refill when half of it is used.
     fn from_stock(self: &Arc<Self>, pool: &str, p: &Arc<PoolLocal>) -> Option<Grant> {
@@ -416,6 +486,23 @@ impl Inner {
                     p.acquires
                         .send(AcquireItem::Lease(lease), || acquire_sender(inner, p))
                         .await
+                }
+                Want::Any {
+                    exclude: [],
+                    within: Some(s),
+                } if locked(&p.subsets).contains(s.id) => {
+                    let batched = inner
+                        .within_batcher(p, s.id)
+                        .send(lease, || within_sender(inner, p, s.id))
+                        .await;
+                    if let Ok(AcquireReply::NoSubset) = batched {
+                        // Gone from Redis (it expired, or Redis lost its data): nothing was
+                        // granted, so the lease is asked for again, with the members.
+                        locked(&p.subsets).remove(s.id);
+                        inner.acquire_one(p, lease, want).await
+                    } else {
+                        batched
+                    }
                 }
                 _ => inner.acquire_one(p, lease, want).await,
             };

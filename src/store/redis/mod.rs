@@ -188,6 +188,9 @@ struct PoolLocal {
     /// Label-filter subsets this instance has sent the members of: later acquires within them
     /// name them only (see `acquire.lua`).
     subsets: Mutex<std::collections::HashSet<String>>,
+    /// Acquires within a subset already sent, waiting for the call that will carry them (one
+    /// batcher per subset, as a call names one).
+    within: Mutex<HashMap<String, Arc<Batcher<LeaseId, AcquireReply>>>>,
 }
 
 impl PoolLocal {
@@ -209,6 +212,7 @@ impl PoolLocal {
             applied: Mutex::default(),
             restoring: tokio::sync::Mutex::new(None),
             subsets: Mutex::default(),
+            within: Mutex::default(),
             wake_at: Mutex::new(None),
             epoch: AtomicU64::new(0),
             full: AtomicBool::new(false),
