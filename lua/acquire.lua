@@ -582,20 +582,46 @@ local function pick_within()
     end)
     if granted then return granted end
   elseif strategy == 'least-connections' then
+    -- Every member of the subset is weighed, a chunk at a time: its state, live count and (from
+    -- the load index's entry while the index is complete) allocation score and position are
+    -- read with one HMGET each per chunk, not three calls per member.
     local best, best_m, best_key
-    each_member(sub, function(up, m)
-      if not m.e then return nil end
-      saw = true
-      local l = live(up)
-      if cap == 0 or l < cap then
-        local key = {l * math.max(m.c, 1), tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s),
+    local start = 0
+    while true do
+      local lo, hi = range(start, CHUNK)
+      local batch = redis.call('ZRANGE', sub, lo, hi)
+      if #batch == 0 then break end
+      local raw = redis.call('HMGET', KEYS[2], unpack(batch))
+      local lives = redis.call('HMGET', KEYS[7], unpack(batch))
+      local entries = indexed and redis.call('HMGET', KEYS[12], unpack(batch)) or {}
+      for i, up in ipairs(batch) do
+        local m = states[up]
+        if m == nil then
+          m = decode(raw[i]) or false
+          states[up] = m
+        end
+        if m and m.e and not exclude[up] then
+          saw = true
+          local l = tonumber(lives[i] or '0') + (pending[up] or 0) + held(up)
+          if cap == 0 or l < cap then
+            local entry = entries[i] and string.match(entries[i], '^%d+ (.*)$')
+            local key
+            if entry then
+              key = {l * math.max(m.c, 1), tonumber(string.sub(entry, 1, 17)),
+                     tonumber(string.sub(entry, 18, 25))}
+            else
+              key = {l * math.max(m.c, 1), tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s),
                      tonumber(redis.call('ZSCORE', KEYS[4], up) or '0')}
-        if not best or key[1] < best_key[1] or (key[1] == best_key[1] and (key[2] < best_key[2]
-            or (key[2] == best_key[2] and key[3] < best_key[3]))) then
-          best, best_m, best_key = up, m, key
+            end
+            if not best or key[1] < best_key[1] or (key[1] == best_key[1] and (key[2] < best_key[2]
+                or (key[2] == best_key[2] and key[3] < best_key[3]))) then
+              best, best_m, best_key = up, m, key
+            end
+          end
         end
       end
-    end)
+      start = start + CHUNK
+    end
     if best then return grant(best, best_m, '0') or in_use() end
   else
     -- Round-robin over the subset in member-id order (its scores stay 0), from its cursor.

@@ -329,13 +329,24 @@ impl Run {
         }
     }
 
-    /// `n` plain acquires at once (batched into calls of several): the grants are those of `n`
-    /// acquires one after another.
-    async fn burst(&mut self, n: usize, step: usize) {
+    /// `n` plain acquires at once, from the whole pool or `within` the subset (batched into calls
+    /// of several): the grants are those of `n` acquires one after another.
+    async fn burst(&mut self, n: usize, within: bool, step: usize) {
+        let members = Arc::new(self.subset_members());
+        let id: Arc<str> = format!("third#{}", self.generation).into();
+        if within {
+            // The subset's members go with the first acquire that names it; these are batched
+            // once they were sent.
+            self.acquire(&[], true, step).await;
+        }
         let mut snap = snapshot(&mut self.c).await;
         let mut want = Vec::new();
         for _ in 0..n {
-            match snap.expected(self.spec.max_concurrency, &[], None) {
+            match snap.expected(
+                self.spec.max_concurrency,
+                &[],
+                within.then_some(members.as_slice()),
+            ) {
                 Expect::Grant(up) => {
                     snap.grant(&up);
                     want.push(up);
@@ -345,11 +356,14 @@ impl Run {
         }
         let mut calls = tokio::task::JoinSet::new();
         for _ in 0..n {
-            let a = self.a.clone();
+            let (a, members, id) = (self.a.clone(), members.clone(), id.clone());
             calls.spawn(async move {
                 let plain = Want::Any {
                     exclude: &[],
-                    within: None,
+                    within: within.then(|| Subset {
+                        id: &id,
+                        members: &members,
+                    }),
                 };
                 a.acquire(POOL, plain).await
             });
@@ -590,8 +604,13 @@ async fn run(redis: &RedisServer, seed: u64) {
             }
             41..45 if r.spec.max_concurrency.is_none() => {
                 let n = r.rng.random_range(2..9);
-                r.burst(n, step).await;
-                "acquires together"
+                let within = r.rng.random_bool(0.5);
+                r.burst(n, within, step).await;
+                if within {
+                    "acquires within together"
+                } else {
+                    "acquires together"
+                }
             }
             41..49 => {
                 r.session(step).await;
