@@ -146,10 +146,29 @@ async fn allocations(s: &AnyStore, pool: &str) -> HashMap<String, u64> {
 
 /// Runs `n` plain acquires at once on `store` and returns their grants.
 async fn acquire_together(store: &Arc<AnyStore>, pool: &str, n: usize) -> Vec<Grant> {
+    acquire_together_within(store, pool, n, None).await
+}
+
+/// [`acquire_together`], within the label filter `country=us#1` of `members` when given.
+async fn acquire_together_within(
+    store: &Arc<AnyStore>,
+    pool: &str,
+    n: usize,
+    members: Option<&Arc<Vec<UpstreamId>>>,
+) -> Vec<Grant> {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..n {
-        let (s, pool) = (store.clone(), pool.to_string());
-        set.spawn(async move { granted(s.acquire(&pool, ANY).await.unwrap()) });
+        let (s, pool, members) = (store.clone(), pool.to_string(), members.cloned());
+        set.spawn(async move {
+            let want = Want::Any {
+                exclude: &[],
+                within: members.as_deref().map(|members| Subset {
+                    id: "country=us#1",
+                    members,
+                }),
+            };
+            granted(s.acquire(&pool, want).await.unwrap())
+        });
     }
     let mut grants = Vec::new();
     while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
@@ -1339,34 +1358,7 @@ async fn redis_acquires_within_a_subset_arriving_together_share_calls() {
     let c = backend.clients(1, &spec).await;
     let us: Arc<Vec<UpstreamId>> = Arc::new(vec![m[0].clone(), m[3].clone(), m[5].clone()]);
     let evalsha = || server.command_calls()["evalsha"];
-    let together = |n: usize| {
-        let (s, pool, us) = (c[0].clone(), spec.name.clone(), us.clone());
-        async move {
-            let mut set = tokio::task::JoinSet::new();
-            for _ in 0..n {
-                let (s, pool, us) = (s.clone(), pool.clone(), us.clone());
-                set.spawn(async move {
-                    let within = Some(Subset {
-                        id: "country=us#1",
-                        members: &us,
-                    });
-                    let want = Want::Any {
-                        exclude: &[],
-                        within,
-                    };
-                    granted(s.acquire(&pool, want).await.unwrap())
-                });
-            }
-            let mut grants = Vec::new();
-            while let Some(r) = tokio::time::timeout(Duration::from_secs(10), set.join_next())
-                .await
-                .expect("acquires answered")
-            {
-                grants.push(r.unwrap());
-            }
-            grants
-        }
-    };
+    let together = |n: usize| acquire_together_within(&c[0], &spec.name, n, Some(&us));
     // The first sends the members.
     let mut grants = together(1).await;
     let before = evalsha();
@@ -1478,22 +1470,46 @@ async fn wait_live(store: &AnyStore, pool: &str, want: u64) -> u64 {
 /// from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_unlisted_pools_under_load_serve_grants_taken_ahead() {
+    grants_taken_ahead(None).await;
+}
+
+/// The same within a label filter: its subset has a stock of its own, of its members only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unlisted_pools_under_load_serve_grants_taken_ahead_within_a_filter() {
+    grants_taken_ahead(Some(&[0, 2, 3, 5])).await;
+}
+
+/// Acquires from a pool of 6 without a cap, or within the members at `within`'s positions.
+async fn grants_taken_ahead(within: Option<&[usize]>) {
     let server = RedisServer::start().await;
     let backend = Backend::Redis(server.url());
     let (spec, m) = spec(
         "stock",
-        4,
+        6,
         Strategy::LeastUsed,
         None,
         Duration::from_secs(60),
     );
+    let subset: Option<Arc<Vec<UpstreamId>>> =
+        within.map(|at| Arc::new(at.iter().map(|&i| m[i].clone()).collect()));
+    let choosable = subset.as_deref().cloned().unwrap_or_else(|| m.clone());
     let c = backend.clients(1, &spec).await;
     let evalsha = || server.command_calls()["evalsha"];
-    let total = |a: HashMap<String, u64>| a.values().sum::<u64>();
+    let total = |a: &HashMap<String, u64>| a.values().sum::<u64>();
+    let one = || async {
+        let want = Want::Any {
+            exclude: &[],
+            within: subset.as_deref().map(|members| Subset {
+                id: "country=us#1",
+                members,
+            }),
+        };
+        granted(c[0].acquire(&spec.name, want).await.unwrap())
+    };
 
     let before = evalsha();
     for _ in 0..20 {
-        granted(c[0].acquire(&spec.name, ANY).await.unwrap());
+        one().await;
     }
     let calls = evalsha() - before;
     assert!(
@@ -1501,33 +1517,40 @@ async fn redis_unlisted_pools_under_load_serve_grants_taken_ahead() {
         "{calls} calls: one per lone acquire, and the report once a second"
     );
     assert_eq!(
-        total(allocations(&c[0], &spec.name).await),
+        total(&allocations(&c[0], &spec.name).await),
         20,
         "nothing taken ahead"
     );
 
     let before = evalsha();
-    let burst = acquire_together(&c[0], &spec.name, 60).await;
+    let burst = acquire_together_within(&c[0], &spec.name, 60, subset.as_ref()).await;
     let calls = evalsha() - before;
     assert!(calls < 30, "60 acquires at once took {calls} calls");
     let before = evalsha();
     let mut next = Vec::new();
     for _ in 0..10 {
-        next.push(granted(c[0].acquire(&spec.name, ANY).await.unwrap()));
+        next.push(one().await);
     }
     let calls = evalsha() - before;
     assert!(
         calls <= 4,
         "the 10 acquires that followed took {calls} calls: the stock serves them"
     );
-    let counted = total(allocations(&c[0], &spec.name).await);
+    let a = allocations(&c[0], &spec.name).await;
+    let counted = total(&a);
     assert!(
         (20 + 70..=20 + 70 + 64).contains(&counted),
         "{counted} allocations: the 90 used and at most a stock of 64 more"
     );
-    let a = allocations(&c[0], &spec.name).await;
-    let (lo, hi) = (a.values().min().unwrap(), a.values().max().unwrap());
+    let of = |id: &UpstreamId| a[id.as_str()];
+    let lo = choosable.iter().map(of).min().unwrap();
+    let hi = choosable.iter().map(of).max().unwrap();
     assert!(hi - lo <= 1, "grants taken ahead are least-used too: {a:?}");
+    assert_eq!(
+        counted,
+        choosable.iter().map(of).sum::<u64>(),
+        "only the filter's members were taken: {a:?}"
+    );
     assert_eq!(burst.len() + next.len(), 70);
 
     let out = MemberState {
@@ -1536,13 +1559,21 @@ async fn redis_unlisted_pools_under_load_serve_grants_taken_ahead() {
         cost: 1,
     };
     c[0].set_member(&spec.name, &m[0], out).await.unwrap();
-    let mut after = acquire_together(&c[0], &spec.name, 40).await;
+    let mut after = acquire_together_within(&c[0], &spec.name, 40, subset.as_ref()).await;
     for _ in 0..10 {
-        after.push(granted(c[0].acquire(&spec.name, ANY).await.unwrap()));
+        after.push(one().await);
     }
     assert!(
         after.iter().all(|g| g.upstream != m[0]),
         "a member out of service is not granted from the stock"
+    );
+    assert!(
+        burst
+            .iter()
+            .chain(&next)
+            .chain(&after)
+            .all(|g| choosable.contains(&g.upstream)),
+        "within the filter"
     );
     let st = c[0].status(&spec.name).await.unwrap();
     assert_eq!(

@@ -1,14 +1,17 @@
 //! Acquires: a session's or an excluding one in a call of its own, plain ones batched (see
 //! `batch.rs`) or served from the stock (see `stock.rs`), and while the pool is full one probe
-//! at a time (see [`Inner::acquire`]); those within a label filter batched per subset once its
-//! members were sent.
+//! at a time (see [`Inner::acquire`]). Plain acquires within a label filter go the same way in
+//! a lane of their subset's, once its members were sent.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio_util::task::TaskTracker;
 
 use super::batch::Batcher;
 use super::scripts::{self, AcquireReply, Call};
+use super::stock::Stock;
 use super::{
     ACQUIRE_BATCH, ACQUIRE_CALLS, FALLBACK_LEASE, Fault, Inner, PoolLocal, UNLISTED_LEASE, broken,
     locked, millis, now_ms, takes_unlisted_leases,
@@ -28,43 +31,51 @@ pub(super) enum AcquireItem {
     Refill,
 }
 
+/// Where plain acquires wait for their call and take grants taken ahead: one lane for the whole
+/// pool, and one per label-filter subset in use (a call names one subset).
+pub(super) struct Lane {
+    /// The subset its acquires are within; `None`: the whole pool.
+    subset: Option<Arc<str>>,
+    acquires: Arc<Batcher<AcquireItem, AcquireReply>>,
+    stock: Mutex<Stock>,
+}
+
+impl Lane {
+    pub(super) fn new(subset: Option<&str>, calls: &TaskTracker) -> Lane {
+        Lane {
+            subset: subset.map(Arc::from),
+            acquires: Arc::new(Batcher::new(ACQUIRE_BATCH, ACQUIRE_CALLS, calls.clone())),
+            stock: Mutex::default(),
+        }
+    }
+
+    /// Drops the grants taken ahead: the pool's members changed, or Redis may have.
+    pub(super) fn clear_stock(&self) {
+        locked(&self.stock).clear();
+    }
+}
+
 type AcquireCall = std::pin::Pin<Box<dyn Future<Output = Result<Vec<AcquireReply>, Fault>> + Send>>;
 
-/// What sends a batch of plain acquires of pool `p`.
+/// What sends a batch of the plain acquires of pool `p` waiting in `lane`.
 fn acquire_sender(
     inner: &Arc<Inner>,
     p: &Arc<PoolLocal>,
+    lane: &Arc<Lane>,
 ) -> impl FnMut(Vec<AcquireItem>) -> AcquireCall + Send + 'static {
-    let (inner, p) = (inner.clone(), p.clone());
+    let (inner, p, lane) = (inner.clone(), p.clone(), lane.clone());
     move |items| {
-        let (inner, p) = (inner.clone(), p.clone());
-        Box::pin(async move { degrade_if_down(&inner, inner.acquire_many(&p, &items).await) })
-    }
-}
-
-/// What sends a batch of acquires of pool `p` within subset `id`.
-fn within_sender(
-    inner: &Arc<Inner>,
-    p: &Arc<PoolLocal>,
-    id: &str,
-) -> impl FnMut(Vec<LeaseId>) -> AcquireCall + Send + 'static {
-    let (inner, p, id) = (inner.clone(), p.clone(), Arc::<str>::from(id));
-    move |leases| {
-        let (inner, p, id) = (inner.clone(), p.clone(), id.clone());
+        let (inner, p, lane) = (inner.clone(), p.clone(), lane.clone());
         Box::pin(async move {
-            degrade_if_down(&inner, inner.acquire_many_within(&p, &id, &leases).await)
+            let r = inner.acquire_many(&p, &lane, &items).await;
+            if let Err(Fault::Down(why)) = &r {
+                // Now, before this task sends the acquires that queued meanwhile: they go to the
+                // local view at once instead of waiting out a second timeout.
+                inner.degrade(why);
+            }
+            r
         })
     }
-}
-
-/// A batched call that found Redis gone degrades the store now, before its task sends the
-/// acquires that queued meanwhile: they go to the local view at once instead of waiting out a
-/// second timeout.
-fn degrade_if_down<R>(inner: &Arc<Inner>, r: Result<R, Fault>) -> Result<R, Fault> {
-    if let Err(Fault::Down(why)) = &r {
-        inner.degrade(why);
-    }
-    r
 }
 
 /// The `many` mode's reply lines as each item's answer (a refill's is a placeholder nobody
@@ -309,19 +320,23 @@ impl Inner {
         }
     }
 
-    /// Plain acquires, one per waiting lease id, in one call (`many` mode); in a pool whose
-    /// leases are unlisted the call also takes grants for the stock when it is due (see
-    /// `stock.rs`). A refill item's reply is a placeholder: nobody waits for it.
+    /// The plain acquires of a lane, one per waiting lease id, in one call (`many` mode, or
+    /// `many-within` in a subset's lane, whose members were sent); in a pool whose leases are
+    /// unlisted the call also takes grants for the lane's stock when it is due (see `stock.rs`).
+    /// A refill item's reply is a placeholder: nobody waits for it. When the subset has gone
+    /// from Redis every reply is `NoSubset`, and each acquire asks again on its own with the
+    /// members.
     async fn acquire_many(
         &self,
         p: &PoolLocal,
+        lane: &Lane,
         items: &[AcquireItem],
     ) -> Result<Vec<AcquireReply>, Fault> {
         if self.is_degraded() {
             // These waited behind a call that found Redis gone (see `acquire_sender`). Each is
             // replayed as a quiet release, which ends nothing: it was never sent.
             if items.iter().any(|i| matches!(i, AcquireItem::Refill)) {
-                locked(&p.stock).refill_failed();
+                locked(&lane.stock).refill_failed();
             }
             return Err(Fault::Down("the store is degraded".into()));
         }
@@ -331,7 +346,7 @@ impl Inner {
             .count();
         let refill = waiting < items.len();
         let (extra, generation) = if takes_unlisted_leases(&p.spec.load()) {
-            let mut stock = locked(&p.stock);
+            let mut stock = locked(&lane.stock);
             stock.note_waiting(waiting);
             let extra = if refill || stock.start_refill() {
                 stock.refill_size()
@@ -343,8 +358,12 @@ impl Inner {
             (0, 0)
         };
         let stocking = refill || extra > 0;
-        let mut inv = self.acquire_call(p, None, None, None);
-        inv.arg("many");
+        let mut inv = self.acquire_call(p, None, None, lane.subset.as_deref());
+        inv.arg(if lane.subset.is_some() {
+            "many-within"
+        } else {
+            "many"
+        });
         for i in items {
             if let AcquireItem::Lease(l) = i {
                 lease_arg(&mut inv, *l);
@@ -363,81 +382,50 @@ impl Inner {
                     let applied = locked(&p.applied);
                     grants.retain(|g| applied.get(g).is_none_or(|s| s.eligible));
                     drop(applied);
-                    locked(&p.stock).fill(grants, tokio::time::Instant::now(), generation);
+                    locked(&lane.stock).fill(grants, tokio::time::Instant::now(), generation);
                 }
                 Ok(out)
             }
             Err(f) => {
                 if stocking {
-                    locked(&p.stock).refill_failed();
+                    locked(&lane.stock).refill_failed();
                 }
                 Err(f)
             }
         }
     }
 
-    /// Acquires within subset `id`, whose members were sent, one per lease, in one call
-    /// (`many-within` mode). When the subset has gone from Redis every reply is `NoSubset`, and
-    /// each acquire is asked again on its own with the members.
-    async fn acquire_many_within(
-        &self,
-        p: &PoolLocal,
-        id: &str,
-        leases: &[LeaseId],
-    ) -> Result<Vec<AcquireReply>, Fault> {
-        if self.is_degraded() {
-            // As in `acquire_many`: queued behind a call that found Redis gone.
-            return Err(Fault::Down("the store is degraded".into()));
+    /// The lane of the acquires within subset `id` of pool `p`.
+    fn lane(&self, p: &PoolLocal, id: &str) -> Arc<Lane> {
+        let mut lanes = locked(&p.within);
+        if let Some(lane) = lanes.get(id) {
+            return lane.clone();
         }
-        let mut inv = self.acquire_call(p, None, None, Some(id));
-        inv.arg("many-within");
-        for lease in leases {
-            lease_arg(&mut inv, *lease);
+        if lanes.len() >= MAX_SUBSETS_SENT {
+            // Calls under way keep their lane until they end; stocked grants are dropped.
+            lanes.clear();
         }
-        let replies: Vec<String> = self.eval(&inv, self.timeout).await?;
-        if replies.len() != leases.len() {
-            return Err(Fault::Broken(format!(
-                "acquire: {} replies for {} leases within a subset",
-                replies.len(),
-                leases.len()
-            )));
-        }
-        replies
-            .iter()
-            .map(|r| AcquireReply::parse_line(r).map_err(Fault::Broken))
-            .collect()
+        let lane = Arc::new(Lane::new(Some(id), &self.calls));
+        lanes.insert(id.to_string(), lane.clone());
+        lane
     }
 
-    /// The batcher of acquires within subset `id` of pool `p`.
-    fn within_batcher(&self, p: &PoolLocal, id: &str) -> Arc<Batcher<LeaseId, AcquireReply>> {
-        let mut batchers = locked(&p.within);
-        if let Some(b) = batchers.get(id) {
-            return b.clone();
-        }
-        if batchers.len() >= MAX_SUBSETS_SENT {
-            // Calls under way keep their batcher until they end.
-            batchers.clear();
-        }
-        let b = Arc::new(Batcher::new(
-            ACQUIRE_BATCH,
-            ACQUIRE_CALLS,
-            self.calls.clone(),
-        ));
-        batchers.insert(id.to_string(), b.clone());
-        b
-    }
-
-    /// A grant from the stock, when the pool keeps one and it holds a fresh grant; posts a
-    /// refill when half of it is used.
-    fn from_stock(self: &Arc<Self>, pool: &str, p: &Arc<PoolLocal>) -> Option<Grant> {
+    /// A grant from the lane's stock, when it holds a fresh grant; posts a refill when half of
+    /// it is used.
+    fn from_stock(
+        self: &Arc<Self>,
+        pool: &str,
+        p: &Arc<PoolLocal>,
+        lane: &Arc<Lane>,
+    ) -> Option<Grant> {
         let (got, refill) = {
-            let mut stock = locked(&p.stock);
+            let mut stock = locked(&lane.stock);
             let got = stock.take(tokio::time::Instant::now());
             (got, stock.start_refill())
         };
         if refill {
-            p.acquires
-                .post(AcquireItem::Refill, || acquire_sender(self, p));
+            lane.acquires
+                .post(AcquireItem::Refill, || acquire_sender(self, p, lane));
         }
         let upstream = got?;
         locked(&p.held).take(&upstream);
@@ -461,16 +449,21 @@ impl Inner {
             return inner.fallback_acquire(pool, want).await;
         }
         let unlisted = takes_unlisted_leases(&p.spec.load());
-        if unlisted
-            && matches!(
-                want,
-                Want::Any {
-                    exclude: [],
-                    within: None
-                }
-            )
-        {
-            if let Some(grant) = inner.from_stock(pool, p) {
+        // Plain acquires wait in a lane: the pool's, or their subset's once its members were
+        // sent (the first acquire within a subset sends them on its own).
+        let lane = match want {
+            Want::Any {
+                exclude: [],
+                within: None,
+            } => Some(p.plain.clone()),
+            Want::Any {
+                exclude: [],
+                within: Some(s),
+            } if locked(&p.subsets).contains(s.id) => Some(inner.lane(p, s.id)),
+            _ => None,
+        };
+        if let Some(lane) = lane.as_ref().filter(|_| unlisted) {
+            if let Some(grant) = inner.from_stock(pool, p, lane) {
                 return Ok(Acquired::Granted(grant));
             }
         }
@@ -478,33 +471,28 @@ impl Inner {
 
         loop {
             let lease = new_lease(unlisted);
-            let answer = match want {
-                Want::Any {
-                    exclude: [],
-                    within: None,
-                } => {
-                    p.acquires
-                        .send(AcquireItem::Lease(lease), || acquire_sender(inner, p))
-                        .await
-                }
-                Want::Any {
-                    exclude: [],
-                    within: Some(s),
-                } if locked(&p.subsets).contains(s.id) => {
-                    let batched = inner
-                        .within_batcher(p, s.id)
-                        .send(lease, || within_sender(inner, p, s.id))
+            let answer = match &lane {
+                Some(lane) => {
+                    let batched = lane
+                        .acquires
+                        .send(AcquireItem::Lease(lease), || acquire_sender(inner, p, lane))
                         .await;
-                    if let Ok(AcquireReply::NoSubset) = batched {
-                        // Gone from Redis (it expired, or Redis lost its data): nothing was
-                        // granted, so the lease is asked for again, with the members.
-                        locked(&p.subsets).remove(s.id);
-                        inner.acquire_one(p, lease, want).await
-                    } else {
-                        batched
+                    match (batched, want) {
+                        (
+                            Ok(AcquireReply::NoSubset),
+                            Want::Any {
+                                within: Some(s), ..
+                            },
+                        ) => {
+                            // Gone from Redis (it expired, or Redis lost its data): nothing was
+                            // granted, so the lease is asked for again, with the members.
+                            locked(&p.subsets).remove(s.id);
+                            inner.acquire_one(p, lease, want).await
+                        }
+                        (batched, _) => batched,
                     }
                 }
-                _ => inner.acquire_one(p, lease, want).await,
+                None => inner.acquire_one(p, lease, want).await,
             };
             let reply = match answer {
                 Ok(reply) => reply,

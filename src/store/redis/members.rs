@@ -46,7 +46,7 @@ impl Inner {
                     p.spec.store(Arc::new(spec.clone()));
                     p.live
                         .reconfigure(&spec.members, !takes_unlisted_leases(&spec));
-                    locked(&p.stock).clear();
+                    p.clear_stocks();
                     p.clone()
                 }
                 None => {
@@ -106,7 +106,7 @@ impl Inner {
         let p = self.pool(pool)?;
         // In this order: a refill that lands after the clear finds the new setting.
         locked(&p.applied).insert(upstream.clone(), state);
-        locked(&p.stock).clear();
+        p.clear_stocks();
         let believed = self.fallback.member_state(pool, upstream);
         self.fallback.set_member(pool, upstream, state).await?;
         let deferred = || Deferred::Member {

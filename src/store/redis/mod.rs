@@ -72,14 +72,13 @@ use super::{
 use crate::config::Strategy;
 use crate::outcome::Outcome;
 use crate::upstream::UpstreamId;
-use acquire::AcquireItem;
+use acquire::Lane;
 use batch::Batcher;
 pub use conn::client_name;
 use conn::{Backlog, Remote};
 use keys::PoolKeys;
 pub use keys::script_keys;
 use release::{Release, flush_periodically};
-use scripts::AcquireReply;
 
 /// Bound on declaring a pool, which writes every member once (large pools take longer).
 const CONFIGURE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -174,8 +173,9 @@ struct PoolLocal {
     /// While the pool is full, plain acquires ask Redis one at a time: the epoch at which the last
     /// one was sent and whether it found the pool full (see `acquire.rs`).
     probe: tokio::sync::Mutex<Option<(u64, bool)>>,
-    /// Plain acquires and releases waiting for the call that will carry them.
-    acquires: Arc<Batcher<AcquireItem, AcquireReply>>,
+    /// Plain acquires from the whole pool (waiting for their call, or served from its stock).
+    plain: Arc<Lane>,
+    /// Releases waiting for the call that will carry them.
     releases: Arc<Batcher<Release, ()>>,
     /// Exchange statistics waiting for a call (see `stats.rs`).
     stats: Mutex<stats::Pending>,
@@ -183,20 +183,17 @@ struct PoolLocal {
     held: Mutex<held::Held>,
     /// This instance's listed leases per upstream, for the local view (see `live.rs`).
     live: live::Live,
-    /// Grants taken ahead of need (see `stock.rs`).
-    stock: Mutex<stock::Stock>,
     /// Label-filter subsets this instance has sent the members of: later acquires within them
     /// name them only (see `acquire.lua`).
     subsets: Mutex<std::collections::HashSet<String>>,
-    /// Acquires within a subset already sent, waiting for the call that will carry them (one
-    /// batcher per subset, as a call names one).
-    within: Mutex<HashMap<String, Arc<Batcher<LeaseId, AcquireReply>>>>,
+    /// Plain acquires within each label-filter subset already sent (a call names one subset).
+    within: Mutex<HashMap<String, Arc<Lane>>>,
 }
 
 impl PoolLocal {
     /// Capacity may have appeared: move the epoch, then wake every waiting request.
     fn wake(&self) {
-        locked(&self.stock).clear();
+        self.clear_stocks();
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_waiters();
     }
@@ -217,12 +214,20 @@ impl PoolLocal {
             epoch: AtomicU64::new(0),
             full: AtomicBool::new(false),
             probe: tokio::sync::Mutex::new(None),
-            acquires: Arc::new(Batcher::new(ACQUIRE_BATCH, ACQUIRE_CALLS, calls.clone())),
+            plain: Arc::new(Lane::new(None, calls)),
             releases: Arc::new(Batcher::new(RELEASE_BATCH, 1, calls.clone())),
             stats: Mutex::default(),
             held: Mutex::default(),
             live,
-            stock: Mutex::default(),
+        }
+    }
+
+    /// Drops every grant taken ahead, the whole pool's and each subset's: the pool's members
+    /// changed, or Redis may have.
+    fn clear_stocks(&self) {
+        self.plain.clear_stock();
+        for lane in locked(&self.within).values() {
+            lane.clear_stock();
         }
     }
 }
