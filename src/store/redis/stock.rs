@@ -8,14 +8,17 @@
 //! step; those requests take one from here without waiting, and a refill goes out in the
 //! background when half the stock is used.
 //!
+//! Each lane of plain acquires (the whole pool's, and each label-filter subset's, see
+//! `acquire.rs`) keeps a stock of its own, of grants its own call picked.
+//!
 //! The stock only forms under concurrency: a call that carries a single waiting request asks for
 //! nothing extra, so a lightly used pool counts every allocation when it is used, as before. A
 //! grant is used within [`MAX_AGE`] or dropped, and a lapse halves the stock's size; any change
 //! to the pool's members (a local health decision, an event from another instance, a reload, a
 //! reconnection) drops what the stock holds and what a call sent before it brings. A grant is
 //! thus never used more than [`MAX_AGE`] after it was picked, nor after a change this instance
-//! knows of. A dropped grant stays counted
-//! in Redis: an allocation that was not used, at most [`MAX_STOCK`] at a time.
+//! knows of. A dropped grant stays counted in Redis: an allocation that was not used, at most
+//! [`MAX_STOCK`] per lane at a time.
 
 use std::collections::VecDeque;
 use std::time::Duration;
