@@ -114,68 +114,42 @@ fn invocation<'a>(
     inv
 }
 
+/// A sorted set's members with their scores, in its order.
+async fn zset(c: &mut MultiplexedConnection, key: &str) -> Vec<(String, f64)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(c)
+        .await
+        .expect(key)
+}
+
+/// A hash's fields and values, sorted.
+async fn hash(c: &mut MultiplexedConnection, key: &str) -> Vec<(String, String)> {
+    let mut all: Vec<(String, String)> = c.hgetall(key).await.expect(key);
+    all.sort();
+    all
+}
+
 /// Everything the script writes, as text, for comparison.
 async fn dump(c: &mut MultiplexedConnection, tag: &str) -> Vec<String> {
     let k = keys(tag);
-    let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(&k[2])
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(c)
-        .await
-        .expect("members");
-    let leases: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(&k[4])
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(c)
-        .await
-        .expect("leases");
-    let mut lease_up: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(&k[5])
-        .query_async(c)
-        .await
-        .expect("lease_up");
-    lease_up.sort();
-    let mut live: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(&k[6])
-        .query_async(c)
-        .await
-        .expect("live");
-    live.sort();
-    let mut state: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(&k[1])
-        .query_async(c)
-        .await
-        .expect("state");
-    state.sort();
-    let subset: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(subset_key(tag))
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(c)
-        .await
-        .expect("subset");
     // The cursors (round-robin's, the pool's and a subset's) hold the other copy's key name.
-    let mut meta: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(&k[0])
-        .query_async::<Vec<(String, String)>>(c)
+    let mut meta: Vec<(String, String)> = hash(c, &k[0])
         .await
-        .expect("meta")
         .into_iter()
         .map(|(f, v)| (f.replace(tag, "TAG"), v))
         .collect();
     meta.sort();
     vec![
-        format!("members {members:?}"),
-        format!("leases {leases:?}"),
-        format!("lease_up {lease_up:?}"),
-        format!("live {live:?}"),
-        format!("state {state:?}"),
-        format!("subset {subset:?}"),
+        format!("members {:?}", zset(c, &k[2]).await),
+        format!("leases {:?}", zset(c, &k[4]).await),
+        format!("lease_up {:?}", hash(c, &k[5]).await),
+        format!("live {:?}", hash(c, &k[6]).await),
+        format!("state {:?}", hash(c, &k[1]).await),
+        format!("subset {:?}", zset(c, &subset_key(tag)).await),
         format!("meta {meta:?}"),
     ]
 }
