@@ -568,6 +568,70 @@ local function each_member(zset, visit)
   end
 end
 
+-- Least-connections within a subset weighs every member of it (there is no load index per
+-- subset: every script that moves a load would have to find the subsets a member is in). The
+-- subset's eligible members not excluded, in its order, with what the rule weighs: `l` live
+-- leases (listed and reported), `a` allocation score and `p` position, the last two from the
+-- load index's entry while the index is complete. Read a chunk at a time, one HMGET each for the
+-- chunk's states, live counts and entries.
+local function lc_candidates()
+  local cands = {}
+  local start = 0
+  while true do
+    local lo, hi = range(start, CHUNK)
+    local batch = redis.call('ZRANGE', sub, lo, hi)
+    if #batch == 0 then return cands end
+    local raw = redis.call('HMGET', KEYS[2], unpack(batch))
+    local lives = redis.call('HMGET', KEYS[7], unpack(batch))
+    local entries = indexed and redis.call('HMGET', KEYS[12], unpack(batch)) or {}
+    for i, up in ipairs(batch) do
+      local m = states[up]
+      if m == nil then
+        m = decode(raw[i]) or false
+        states[up] = m
+      end
+      if m and m.e and not exclude[up] then
+        local c = {up = up, m = m, l = tonumber(lives[i] or '0') + (pending[up] or 0) + held(up)}
+        local entry = entries[i] and string.match(entries[i], '^%d+ (.*)$')
+        if entry then
+          c.a, c.p = tonumber(string.sub(entry, 1, 17)), tonumber(string.sub(entry, 18, 25))
+        else
+          c.a = tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s)
+          c.p = tonumber(redis.call('ZSCORE', KEYS[4], up) or '0')
+        end
+        cands[#cands + 1] = c
+      end
+    end
+    start = start + CHUNK
+  end
+end
+
+-- The candidate least-connections takes: below its cap, fewest live leases x cost, then fewest
+-- allocations, then first in the configured order (the first in the subset's order on a tie).
+local function lc_best(cands)
+  local best, best_load
+  for _, c in ipairs(cands) do
+    if cap == 0 or c.l < cap then
+      local load = c.l * math.max(c.m.c, 1)
+      if not best or load < best_load or (load == best_load and (c.a < best.a
+          or (c.a == best.a and c.p < best.p))) then
+        best, best_load = c, load
+      end
+    end
+  end
+  return best
+end
+
+-- Grants candidate `c` and moves its figures as the grant moved them in Redis, so that the next
+-- acquire of a batch weighs it as a run of its own would.
+local function lc_grant(c)
+  local granted = grant(c.up, c.m, '0')
+  if not granted then return in_use() end
+  if lease ~= '-' then c.l = c.l + 1 end
+  c.a = c.a + math.max(c.m.c, 1)
+  return granted
+end
+
 -- A plain acquire among a subset's members: its ZSET is walked instead of the pool's, and a
 -- member out of service, which stays in it, is passed over.
 local function pick_within()
@@ -582,47 +646,10 @@ local function pick_within()
     end)
     if granted then return granted end
   elseif strategy == 'least-connections' then
-    -- Every member of the subset is weighed, a chunk at a time: its state, live count and (from
-    -- the load index's entry while the index is complete) allocation score and position are
-    -- read with one HMGET each per chunk, not three calls per member.
-    local best, best_m, best_key
-    local start = 0
-    while true do
-      local lo, hi = range(start, CHUNK)
-      local batch = redis.call('ZRANGE', sub, lo, hi)
-      if #batch == 0 then break end
-      local raw = redis.call('HMGET', KEYS[2], unpack(batch))
-      local lives = redis.call('HMGET', KEYS[7], unpack(batch))
-      local entries = indexed and redis.call('HMGET', KEYS[12], unpack(batch)) or {}
-      for i, up in ipairs(batch) do
-        local m = states[up]
-        if m == nil then
-          m = decode(raw[i]) or false
-          states[up] = m
-        end
-        if m and m.e and not exclude[up] then
-          saw = true
-          local l = tonumber(lives[i] or '0') + (pending[up] or 0) + held(up)
-          if cap == 0 or l < cap then
-            local entry = entries[i] and string.match(entries[i], '^%d+ (.*)$')
-            local key
-            if entry then
-              key = {l * math.max(m.c, 1), tonumber(string.sub(entry, 1, 17)),
-                     tonumber(string.sub(entry, 18, 25))}
-            else
-              key = {l * math.max(m.c, 1), tonumber(redis.call('ZSCORE', KEYS[3], up) or m.s),
-                     tonumber(redis.call('ZSCORE', KEYS[4], up) or '0')}
-            end
-            if not best or key[1] < best_key[1] or (key[1] == best_key[1] and (key[2] < best_key[2]
-                or (key[2] == best_key[2] and key[3] < best_key[3]))) then
-              best, best_m, best_key = up, m, key
-            end
-          end
-        end
-      end
-      start = start + CHUNK
-    end
-    if best then return grant(best, best_m, '0') or in_use() end
+    local cands = lc_candidates()
+    saw = #cands > 0
+    local best = lc_best(cands)
+    if best then return lc_grant(best) end
   else
     -- Round-robin over the subset in member-id order (its scores stay 0), from its cursor.
     local field = 'rr:' .. sub
@@ -892,9 +919,24 @@ if mode == 'many' then
 end
 if batch_within then
   local replies = {}
+  -- Least-connections reads the subset once for the whole batch.
+  local cands = strategy == 'least-connections' and lc_candidates()
   for i = 8, #ARGV do
     lease = ARGV[i]
-    replies[#replies + 1] = line(pick())
+    local reply
+    if cands then
+      local best = lc_best(cands)
+      if best then
+        reply = lc_grant(best)
+      elseif #cands > 0 then
+        reply = cap_reply()
+      else
+        reply = {'none'}
+      end
+    else
+      reply = pick()
+    end
+    replies[#replies + 1] = line(reply)
   end
   return replies
 end

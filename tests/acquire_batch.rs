@@ -523,6 +523,12 @@ async fn within_a_subset_round_robin_and_least_connections() {
     assert!(replies.iter().all(|r| r.contains("granted")), "{replies:?}");
     let replies = same_as_single_runs_within(&members, &subset, &ids, 3, "least-connections").await;
     assert!(replies.iter().all(|r| r.contains("granted")), "{replies:?}");
+    // Unlisted leases leave the loads equal: the allocations decide, each grant raising its own.
+    let even = numbered(6, |_| (1, 0, 0));
+    let ids = ["-"; 8];
+    let replies = same_as_single_runs_within(&even, &subset, &ids, 0, "least-connections").await;
+    let firsts: Vec<&str> = replies[..4].iter().map(|r| &r[10..]).collect();
+    assert_eq!(firsts, ["u00", "u01", "u03", "u04"], "{replies:?}");
 }
 
 /// A subset that expired (or that Redis lost) is answered `nosubset` for every acquire of the
