@@ -19,16 +19,21 @@ use super::sessions::Sessions;
 use super::subset::{MAX_SUBSETS, SubsetIndex};
 use crate::upstream::UpstreamId;
 
+/// Members in service by allocation count, then id.
+type ByAllocs = BTreeSet<(u64, UpstreamId)>;
+/// Members in service by [`Member::load_key`].
+type ByLoad = BTreeSet<(u64, u64, u32)>;
+
 /// One pool's state, behind its pool's mutex.
 pub(super) struct PoolState {
     spec: PoolSpec,
     members: FastMap<UpstreamId, Member>,
     /// Members in service ordered by allocation count: the least-used pick is the first
     /// eligible entry.
-    by_allocs: BTreeSet<(u64, UpstreamId)>,
+    by_allocs: ByAllocs,
     /// Members in service by [`Member::load_key`], kept only for `least-connections`: its pick
     /// is the first entry not at its cap, found without scanning the pool.
-    by_load: BTreeSet<(u64, u64, u32)>,
+    by_load: ByLoad,
     /// Every live lease by deadline, so that expiry is exact (a member's live leases are the
     /// ones it holds) and the earliest deadline is found without scanning the pool.
     deadlines: BTreeMap<(Instant, u64), UpstreamId>,
@@ -396,13 +401,18 @@ impl PoolState {
         self.members
             .retain(|_, m| m.in_pool || !m.leases.is_empty());
         self.spec.strategy = spec.strategy;
-        self.by_allocs = self
+        (self.by_allocs, self.by_load) = self.indexes_from_members();
+    }
+
+    /// `by_allocs` and `by_load` made afresh from the members.
+    fn indexes_from_members(&self) -> (ByAllocs, ByLoad) {
+        let by_allocs = self
             .members
             .iter()
             .filter(|(_, m)| m.listed())
             .map(|(id, m)| (m.allocs, id.clone()))
             .collect();
-        self.by_load = if self.tracks_load() {
+        let by_load = if self.tracks_load() {
             self.members
                 .values()
                 .filter(|m| m.listed())
@@ -411,6 +421,7 @@ impl PoolState {
         } else {
             BTreeSet::new()
         };
+        (by_allocs, by_load)
     }
 
     /// The same strategy, the list edited: members that stay where they were change nothing.
@@ -764,22 +775,8 @@ mod tests {
 
     /// The indexes as a rebuild from the members makes them, and the members as the list says.
     fn assert_consistent(st: &PoolState, step: usize) {
-        let by_allocs: BTreeSet<(u64, UpstreamId)> = st
-            .members
-            .iter()
-            .filter(|(_, m)| m.listed())
-            .map(|(id, m)| (m.allocs, id.clone()))
-            .collect();
+        let (by_allocs, by_load) = st.indexes_from_members();
         assert!(st.by_allocs == by_allocs, "step {step}: by_allocs");
-        let by_load: BTreeSet<(u64, u64, u32)> = if st.tracks_load() {
-            st.members
-                .values()
-                .filter(|m| m.listed())
-                .map(Member::load_key)
-                .collect()
-        } else {
-            BTreeSet::new()
-        };
         assert!(st.by_load == by_load, "step {step}: by_load");
         for (pos, id) in st.spec.members.iter().enumerate() {
             let m = &st.members[id];

@@ -253,7 +253,7 @@ impl Inner {
             Want::Session { key, within, .. } => (Some(key), within),
             Want::Any { within, .. } => (None, within),
         };
-        let mut send_members = within.is_some_and(|s| !locked(&p.subsets).contains(s.id));
+        let mut send_members = within.is_some_and(|s| !locked(&p.within).contains_key(s.id));
         loop {
             let mut inv = self.acquire_call(p, Some(lease), session, within.map(|s| s.id));
             let members = match within {
@@ -307,11 +307,7 @@ impl Inner {
                 }
                 (reply, Some(s)) => {
                     if send_members {
-                        let mut made = locked(&p.subsets);
-                        if made.len() >= MAX_SUBSETS_SENT {
-                            made.clear();
-                        }
-                        made.insert(s.id.to_string());
+                        self.sent(p, s.id);
                     }
                     return Ok(reply);
                 }
@@ -395,19 +391,18 @@ impl Inner {
         }
     }
 
-    /// The lane of the acquires within subset `id` of pool `p`.
-    fn lane(&self, p: &PoolLocal, id: &str) -> Arc<Lane> {
+    /// Subset `id`'s members reached Redis: later acquires within it name it only, and the
+    /// plain ones wait in its lane.
+    fn sent(&self, p: &PoolLocal, id: &str) {
         let mut lanes = locked(&p.within);
-        if let Some(lane) = lanes.get(id) {
-            return lane.clone();
+        if lanes.contains_key(id) {
+            return;
         }
         if lanes.len() >= MAX_SUBSETS_SENT {
             // Calls under way keep their lane until they end; stocked grants are dropped.
             lanes.clear();
         }
-        let lane = Arc::new(Lane::new(Some(id), &self.calls));
-        lanes.insert(id.to_string(), lane.clone());
-        lane
+        lanes.insert(id.to_string(), Arc::new(Lane::new(Some(id), &self.calls)));
     }
 
     /// A grant from the lane's stock, when it holds a fresh grant; posts a refill when half of
@@ -459,7 +454,7 @@ impl Inner {
             Want::Any {
                 exclude: [],
                 within: Some(s),
-            } if locked(&p.subsets).contains(s.id) => Some(inner.lane(p, s.id)),
+            } => locked(&p.within).get(s.id).cloned(),
             _ => None,
         };
         if let Some(lane) = lane.as_ref().filter(|_| unlisted) {
@@ -486,7 +481,7 @@ impl Inner {
                         ) => {
                             // Gone from Redis (it expired, or Redis lost its data): nothing was
                             // granted, so the lease is asked for again, with the members.
-                            locked(&p.subsets).remove(s.id);
+                            locked(&p.within).remove(s.id);
                             inner.acquire_one(p, lease, want).await
                         }
                         (batched, _) => batched,

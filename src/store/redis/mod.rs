@@ -183,10 +183,9 @@ struct PoolLocal {
     held: Mutex<held::Held>,
     /// This instance's listed leases per upstream, for the local view (see `live.rs`).
     live: live::Live,
-    /// Label-filter subsets this instance has sent the members of: later acquires within them
-    /// name them only (see `acquire.lua`).
-    subsets: Mutex<std::collections::HashSet<String>>,
-    /// Plain acquires within each label-filter subset already sent (a call names one subset).
+    /// Label-filter subsets this instance has sent the members of (later acquires within them
+    /// name them only, see `acquire.lua`), each with the lane its plain acquires wait in (a
+    /// call names one subset).
     within: Mutex<HashMap<String, Arc<Lane>>>,
 }
 
@@ -208,7 +207,6 @@ impl PoolLocal {
             notify: Arc::new(Notify::new()),
             applied: Mutex::default(),
             restoring: tokio::sync::Mutex::new(None),
-            subsets: Mutex::default(),
             within: Mutex::default(),
             wake_at: Mutex::new(None),
             epoch: AtomicU64::new(0),
