@@ -42,7 +42,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use clap::{Parser, Subcommand};
 use http::header::{HOST, HeaderValue, PROXY_AUTHORIZATION};
 use http::{Method, Request, Response, StatusCode, Version};
@@ -54,6 +54,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Semaphore};
 use tokio::task::JoinSet;
@@ -66,6 +67,11 @@ type ProxyBody = BoxBody<Bytes, hyper::Error>;
 static BODY_1K: [u8; 1024] = [b'x'; 1024];
 /// One write of the bulk stream.
 const BULK_CHUNK_BYTES: usize = 64 * 1024;
+/// The fake upstream proxy's copy buffer per tunnel direction, as a bare proxy moving bulk data
+/// sizes it. With tokio's default of 8 KiB the fake upstream was the slowest stage of every tunnel
+/// through it, whatever proxy stood in front: a core's worth of copying in 8 KiB calls bounded one
+/// tunnel's MB/s for all of them alike.
+const TUNNEL_BUF_BYTES: usize = 64 * 1024;
 /// Connecting, a CONNECT handshake, or one request may take this long before it counts as failed.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest response head the load generators accept.
@@ -444,18 +450,52 @@ async fn proxy_connect(req: Request<Incoming>) -> Response<ProxyBody> {
     let Some(addr) = loopback_target(authority.host(), port) else {
         return status_only(StatusCode::FORBIDDEN);
     };
-    let mut target = match timeout(STEP_TIMEOUT, TcpStream::connect(addr)).await {
+    let target = match timeout(STEP_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         _ => return status_only(StatusCode::BAD_GATEWAY),
     };
     let _ = target.set_nodelay(true);
     tokio::spawn(async move {
         if let Ok(upgraded) = hyper::upgrade::on(req).await {
-            let mut client = TokioIo::new(upgraded);
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut target).await;
+            tunnel(upgraded, target).await;
         }
     });
     status_only(StatusCode::OK)
+}
+
+/// Copies both ways until both sides have ended, or either fails.
+async fn tunnel(upgraded: hyper::upgrade::Upgraded, mut target: TcpStream) {
+    let parts = match upgraded.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => parts,
+        Err(upgraded) => {
+            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut target).await;
+            return;
+        }
+    };
+    if !parts.read_buf.is_empty() && target.write_all(&parts.read_buf).await.is_err() {
+        return;
+    }
+    let (mut client_r, mut client_w) = parts.io.into_inner().into_split();
+    let (mut target_r, mut target_w) = target.into_split();
+    let _ = tokio::try_join!(
+        copy_one_way(&mut client_r, &mut target_w),
+        copy_one_way(&mut target_r, &mut client_w),
+    );
+}
+
+/// One direction of a tunnel: reads into a buffer of [`TUNNEL_BUF_BYTES`], made (not zeroed) once
+/// bytes are there, so an idle tunnel holds none; at the end of the stream, closes the writing
+/// side.
+async fn copy_one_way(r: &mut OwnedReadHalf, w: &mut OwnedWriteHalf) -> std::io::Result<()> {
+    r.readable().await?;
+    let mut buf = BytesMut::with_capacity(TUNNEL_BUF_BYTES);
+    loop {
+        buf.clear();
+        if r.read_buf(&mut buf).await? == 0 {
+            return w.shutdown().await;
+        }
+        w.write_all(&buf).await?;
+    }
 }
 
 // ---------------------------------------------------------------------------
