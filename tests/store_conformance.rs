@@ -1539,8 +1539,8 @@ async fn grants_taken_ahead(within: Option<&[usize]>) {
     let a = allocations(&c[0], &spec.name).await;
     let counted = total(&a);
     assert!(
-        (20 + 70..=20 + 70 + 64).contains(&counted),
-        "{counted} allocations: the 90 used and at most a stock of 64 more"
+        (20 + 70..=20 + 70 + 128).contains(&counted),
+        "{counted} allocations: the 90 used and at most a stock of 128 more"
     );
     let of = |id: &UpstreamId| a[id.as_str()];
     let lo = choosable.iter().map(of).min().unwrap();
