@@ -632,6 +632,15 @@ local function lc_grant(c)
   return granted
 end
 
+-- One least-connections acquire among the candidates: a grant, or the cap reply when every
+-- candidate is at its cap, or none when there is no candidate.
+local function lc_pick(cands)
+  local best = lc_best(cands)
+  if best then return lc_grant(best) end
+  if #cands > 0 then return cap_reply() end
+  return {'none'}
+end
+
 -- A plain acquire among a subset's members: its ZSET is walked instead of the pool's, and a
 -- member out of service, which stays in it, is passed over.
 local function pick_within()
@@ -646,10 +655,7 @@ local function pick_within()
     end)
     if granted then return granted end
   elseif strategy == 'least-connections' then
-    local cands = lc_candidates()
-    saw = #cands > 0
-    local best = lc_best(cands)
-    if best then return lc_grant(best) end
+    return lc_pick(lc_candidates())
   else
     -- Round-robin over the subset in member-id order (its scores stay 0), from its cursor.
     local field = 'rr:' .. sub
@@ -923,20 +929,7 @@ if batch_within then
   local cands = strategy == 'least-connections' and lc_candidates()
   for i = 8, #ARGV do
     lease = ARGV[i]
-    local reply
-    if cands then
-      local best = lc_best(cands)
-      if best then
-        reply = lc_grant(best)
-      elseif #cands > 0 then
-        reply = cap_reply()
-      else
-        reply = {'none'}
-      end
-    else
-      reply = pick()
-    end
-    replies[#replies + 1] = line(reply)
+    replies[#replies + 1] = line(cands and lc_pick(cands) or pick())
   end
   return replies
 end

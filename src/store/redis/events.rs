@@ -232,7 +232,7 @@ async fn on_message(inner: &Inner, data: Vec<Value>) {
             upstream,
             state,
         }) => {
-            p.wake();
+            p.members_changed();
             if origin != inner.instance {
                 inner
                     .member_changed_elsewhere(&name, UpstreamId::new(upstream), state)

@@ -86,7 +86,7 @@ impl Inner {
                 if !heard {
                     tracing::warn!(pool = %spec.name, "not yet subscribed to the pool's redis events");
                 }
-                p.wake();
+                p.members_changed();
                 Ok(())
             }
             Err(Fault::Down(why)) => {
@@ -115,7 +115,7 @@ impl Inner {
             state,
         };
         if self.defer_if_degraded(deferred) {
-            p.wake();
+            p.members_changed();
             return Ok(());
         }
         let mut restored = false;
@@ -144,7 +144,7 @@ impl Inner {
                 }
                 Ok(changed) => {
                     if changed == 1 {
-                        p.wake();
+                        p.members_changed();
                     }
                     return Ok(());
                 }

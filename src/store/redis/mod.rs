@@ -190,11 +190,18 @@ struct PoolLocal {
 }
 
 impl PoolLocal {
-    /// Capacity may have appeared: move the epoch, then wake every waiting request.
+    /// Capacity may have appeared: move the epoch, then wake every waiting request. (Only a
+    /// pool with a cap has capacity to free, and such a pool keeps no stock.)
     fn wake(&self) {
-        self.clear_stocks();
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.notify.notify_waiters();
+    }
+
+    /// The pool's members may have changed, or Redis may have: drop the grants taken ahead,
+    /// then wake every waiting request.
+    fn members_changed(&self) {
+        self.clear_stocks();
+        self.wake();
     }
 
     /// A pool's local state, nothing sent yet.
@@ -394,7 +401,7 @@ impl Inner {
 
     fn notify_all(&self) {
         for p in self.all_pools() {
-            p.wake();
+            p.members_changed();
         }
     }
 }
