@@ -41,6 +41,11 @@
 --                       client a fraction of a list of lists to parse). A gateway sends the plain
 --                       acquires that queued up while its last call was under way this way, so
 --                       Redis pays the per-call cost once for all of them.
+--   tally:   ARGV[8] n: n plain acquires of unlisted leases, without a cap, under least-used or
+--            weighted, counted as `many` would count them; the reply is one flat list of
+--            upstream, count pairs, in the order of each one's first grant ({} when nothing is
+--            eligible, {"unconfigured"} as ever). A gateway refilling its stock of grants takes
+--            them this way: the calls' bulk, whose order within a call nobody needs.
 --   many-within: ARGV[8..] lease ids or "-": one `within` acquire per id, nothing excluded, in
 --            order, replied as `many` replies; the subset (KEYS[13]) is named only, and when it
 --            is missing every reply is "nosubset" (the caller sends its members in a `within`).
@@ -119,6 +124,7 @@ local excl_first, excl_last = 8, #ARGV
 local sub, sub_first = nil, #ARGV + 1
 -- many-within: one `within` acquire per lease id, in order.
 local batch_within = false
+local tally_n
 if mode == 'session' or mode == 'session-within' then
   sess_ttl = tonumber(ARGV[8])
   rebind = ARGV[9] == '1'
@@ -161,6 +167,12 @@ elseif mode == 'many' or mode == 'many-within' then
     sub = KEYS[13]
     batch_within = true
     mode = 'any'
+  end
+elseif mode == 'tally' then
+  tally_n = tonumber(ARGV[8])
+  if not tally_n or tally_n < 1 or tally_n ~= math.floor(tally_n) or cap ~= 0
+      or (strategy ~= 'least-used' and strategy ~= 'weighted') then
+    return redis.error_reply('ERR acquire: bad tally arguments')
   end
 elseif mode ~= 'any' then
   return redis.error_reply('ERR acquire: unknown mode')
@@ -817,6 +829,65 @@ local function pick()
   return {'none'}
 end
 
+-- The n lowest-scored members, as entries {up, score, step} in the ZSET's order: the k-th of a
+-- batch of acquires without a cap can only take one of the k lowest, since each member before it
+-- must have been chosen first to fall behind it. False when the pool has no eligible member; nil
+-- when one of them has no state or is not eligible (the walk handles those) or an id is longer
+-- than 1,024 bytes (far beyond a proxy URL; see `byte_order`).
+local function lowest_members(n)
+  local flat = redis.call('ZRANGE', KEYS[3], '0', string.format('%d', n - 1), 'WITHSCORES')
+  if #flat == 0 then return false end
+  local ups = {}
+  for i = 1, #flat, 2 do ups[#ups + 1] = flat[i] end
+  local raw = redis.call('HMGET', KEYS[2], unpack(ups))
+  local list = {}
+  for i, up in ipairs(ups) do
+    -- Only the cost of the state (see `decode`): eligible, keeps sessions, cost.
+    local cost = raw[i] and string.match(raw[i], '^1|%d|(%d+)|[^|]+|%d+$')
+    local score = tonumber(flat[2 * i])
+    if not cost or not score or #up > 1024 then return nil end
+    cost = tonumber(cost)
+    list[i] = {up = up, score = score, step = cost >= 1 and cost or 1}
+  end
+  return list
+end
+
+-- Sorts entries as the ZSET orders members of equal score: by their bytes, which Lua's `<` does
+-- not follow (it is the server's collation). Each id is split into bytes once, and compared past
+-- the prefix all of them share (a pool's ids mostly differ at the end).
+local function byte_order(list)
+  if #list < 2 then return end
+  for _, e in ipairs(list) do e.bytes = {string.byte(e.up, 1, -1)} end
+  local from = #list[1].bytes + 1
+  for i = 2, #list do
+    local a, b = list[1].bytes, list[i].bytes
+    local j = 1
+    while j < from and a[j] == b[j] do j = j + 1 end
+    from = j
+  end
+  table.sort(list, function(x, y)
+    local a, b = x.bytes, y.bytes
+    local j = from
+    while a[j] == b[j] and a[j] ~= nil do j = j + 1 end
+    return (a[j] or -1) < (b[j] or -1)
+  end)
+end
+
+-- Writes the new scores of the entries in `moved` (upstream -> entry) decided on the copy.
+local function write_scores(moved)
+  local scores = {}
+  for up, e in pairs(moved) do
+    scores[#scores + 1] = string.format('%.17g', e.score)
+    scores[#scores + 1] = up
+  end
+  if #scores > 0 then
+    redis.call('ZADD', KEYS[3], 'XX', unpack(scores))
+  end
+  if kept then
+    for up, e in pairs(moved) do reindex(up, e.score, nil) end
+  end
+end
+
 -- The acquires of a `many` batch under least-used / weighted. Each is decided in order, as a run
 -- of its own would decide it: the members ZSET is walked from its lowest score (without a cap
 -- only its first member is read) and the chosen member's score is raised at once, so the next
@@ -824,11 +895,10 @@ end
 -- the lease ids are checked with one HMGET and claimed with one HSET, their deadlines added with
 -- one ZADD, and the live counts raised with one HINCRBY per member (while the batch runs, `live`
 -- adds the batch's grants, kept in `pending`, to what Redis holds).
-local function many_least_used()
-  local first = 8
+local function many_least_used(leases)
   local ids = {}
-  for i = first, #ARGV do
-    if ARGV[i] ~= '-' then ids[#ids + 1] = ARGV[i] end
+  for _, id in ipairs(leases) do
+    if id ~= '-' then ids[#ids + 1] = id end
   end
   local claimed = {}
   if #ids > 0 then
@@ -841,8 +911,7 @@ local function many_least_used()
   -- Members whose load index entry moves once the batch is counted: their new scores.
   local moved = {}
   local replies = {}
-  for i = 1, #ARGV - first + 1 do
-    local id = ARGV[first + i - 1]
+  for i, id in ipairs(leases) do
     local recorded = id ~= '-'
     if recorded and claimed[id] then
       replies[i] = in_use()
@@ -898,6 +967,84 @@ local function many_least_used()
   return replies
 end
 
+-- The tally mode (see the header): how many of n acquires each member gets, as `many` would
+-- decide them one by one, without a ZRANGE and a ZINCRBY per acquire (most of Redis's time in
+-- a batch, and a tenth of a gateway's requests' cost in all). Member i's j-th grant comes when
+-- its score is s_i + j x step_i, and grants go by that score, then by the ZSET's order; so the n
+-- grants are the n smallest such keys, all among the n lowest members. T, the smallest score
+-- with at least n keys at or below it, is found by bisection; every key below T is granted, the
+-- rest go to the members with a key at T in the ZSET's order, and each score is written once.
+-- Scores and steps are whole numbers (allocations times a whole cost); should one not be, or a
+-- member read lack its state, the acquires are decided one by one as in `many`.
+local function tally(n)
+  local order = lowest_members(n)
+  if order == false then return {} end
+  local whole = order ~= nil
+  for _, e in ipairs(order or {}) do
+    if e.score ~= math.floor(e.score) or e.step ~= math.floor(e.step) or e.step < 1 then
+      whole = false
+    end
+  end
+  local flat = {}
+  if not whole then
+    local leases, counts, firsts = {}, {}, {}
+    for i = 1, n do leases[i] = '-' end
+    for _, reply in ipairs(many_least_used(leases)) do
+      if type(reply) == 'string' then
+        local up = string.sub(reply, 11)
+        if not counts[up] then firsts[#firsts + 1] = up end
+        counts[up] = (counts[up] or 0) + 1
+      end
+    end
+    for _, up in ipairs(firsts) do
+      flat[#flat + 1] = up
+      flat[#flat + 1] = string.format('%d', counts[up])
+    end
+    return flat
+  end
+  local function keys_upto(t)
+    local total = 0
+    for _, e in ipairs(order) do
+      if e.score <= t then total = total + math.floor((t - e.score) / e.step) + 1 end
+    end
+    return total
+  end
+  local lo = order[1].score
+  local hi = lo + (n - 1) * order[1].step
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if keys_upto(mid) >= n then hi = mid else lo = mid + 1 end
+  end
+  local t, given, at = lo, 0, {}
+  for _, e in ipairs(order) do
+    e.count = 0
+    if e.score < t then
+      e.count = math.floor((t - 1 - e.score) / e.step) + 1
+      given = given + e.count
+    end
+    if e.score <= t and (t - e.score) % e.step == 0 then at[#at + 1] = e end
+  end
+  -- Those of one score are in the ZSET's order already (the common case in a large pool).
+  for _, e in ipairs(at) do
+    if e.score ~= at[1].score then
+      byte_order(at)
+      break
+    end
+  end
+  for i = 1, n - given do at[i].count = at[i].count + 1 end
+  local moved = {}
+  for _, e in ipairs(order) do
+    if e.count > 0 then
+      e.score = e.score + e.count * e.step
+      moved[e.up] = e
+      flat[#flat + 1] = e.up
+      flat[#flat + 1] = string.format('%d', e.count)
+    end
+  end
+  write_scores(moved)
+  return flat
+end
+
 -- A reply of the many mode as one string (an error stays an error).
 local function line(reply)
   if type(reply) == 'string' or reply.err then return reply end
@@ -907,10 +1054,15 @@ local function line(reply)
   return table.concat(reply, ' ')
 end
 
+if mode == 'tally' then
+  return tally(tally_n)
+end
 if mode == 'many' then
   local replies
   if strategy == 'least-used' or strategy == 'weighted' then
-    replies = many_least_used()
+    local leases = {}
+    for i = 8, #ARGV do leases[#leases + 1] = ARGV[i] end
+    replies = many_least_used(leases)
   else
     replies = {}
     for i = 8, #ARGV do

@@ -4,7 +4,9 @@
 //! runs as its own call (`any` mode), one after another, on an identical copy of the pool.
 //!
 //! The `many-within` mode holds to the same contract against single `within` acquires inside a
-//! label filter's subset.
+//! label filter's subset, and the `tally` mode (n unlisted acquires counted, not listed one by
+//! one) against n single acquires: the same count for each upstream, in the order of its first
+//! grant, and the same state.
 //!
 //! Each case builds two copies of one pool under different hash tags of one test-started Redis,
 //! runs the batch on one and the single acquires on the other, and compares replies and keys.
@@ -553,4 +555,150 @@ async fn a_missing_subset_is_answered_for_the_whole_batch_and_nothing_written() 
     let mut inv = invocation(&script, "gone", "-", 0, "least-used", "many-within");
     let refused: Result<Value, _> = inv.arg("x3").invoke_async(&mut c).await;
     assert!(refused.is_err(), "{refused:?}");
+}
+
+/// Runs a `tally` of `n` and `n` single unlisted acquires on two copies of `members` (`setup` as
+/// given, then `prepare` on each copy); asserts that the counts per upstream, in the order of each
+/// one's first grant, and the state agree, and returns the tally's reply.
+async fn tally_as_single_runs(
+    members: &[Member],
+    n: usize,
+    strategy: &str,
+    prepare: &[(&str, &str, &str)],
+) -> Vec<String> {
+    let redis = RedisServer::start().await;
+    let mut c = connect(&redis).await;
+    let script = redis::Script::new(SCRIPT);
+    for tag in ["batch", "single"] {
+        setup(&mut c, tag, members, &[]).await;
+        // Raw writes: (key suffix, member, score) into a sorted set of the pool's.
+        for (key, member, score) in prepare {
+            let _: () = redis::cmd("ZADD")
+                .arg(format!("t:{{{tag}}}:{key}"))
+                .arg(*score)
+                .arg(*member)
+                .query_async(&mut c)
+                .await
+                .expect("prepare");
+        }
+    }
+    let mut inv = invocation(&script, "batch", "-", 0, strategy, "tally");
+    let tally: Vec<String> = inv.arg(n).invoke_async(&mut c).await.expect("tally");
+    let mut counted: Vec<(String, usize)> = Vec::new();
+    for _ in 0..n {
+        let inv = invocation(&script, "single", "-", 0, strategy, "any");
+        let reply: Vec<String> = inv.invoke_async(&mut c).await.expect("single");
+        if let [kind, up, _] = reply.as_slice() {
+            assert_eq!(kind, "granted", "{reply:?}");
+            match counted.iter_mut().find(|(u, _)| u == up) {
+                Some((_, k)) => *k += 1,
+                None => counted.push((up.clone(), 1)),
+            }
+        } else {
+            assert_eq!(reply, ["none"]);
+        }
+    }
+    let single: Vec<String> = counted
+        .into_iter()
+        .flat_map(|(up, k)| [up, k.to_string()])
+        .collect();
+    assert_eq!(tally, single, "counts differ");
+    assert_eq!(
+        dump(&mut c, "batch").await,
+        dump(&mut c, "single").await,
+        "state differs"
+    );
+    tally
+}
+
+#[tokio::test]
+async fn a_tally_counts_ties_in_byte_order() {
+    let members = [
+        m("b", 1, 0, 0),
+        m("a_1", 1, 0, 0),
+        m("a-1", 1, 0, 0),
+        m("B", 1, 0, 0),
+        m("a", 1, 0, 0),
+    ];
+    // Fewer acquires than members, a round and a part, several rounds.
+    for n in [3, 7, 23] {
+        let tally = tally_as_single_runs(&members, n, "least-used", &[]).await;
+        assert_eq!(tally[0], "B", "{tally:?}");
+    }
+    // Uneven scores: ties between members that started apart.
+    let uneven = [
+        m("b", 1, 2, 0),
+        m("a", 1, 0, 0),
+        m("c", 1, 1, 0),
+        m("A", 1, 3, 0),
+    ];
+    for n in [1, 2, 5, 6, 11] {
+        tally_as_single_runs(&uneven, n, "least-used", &[]).await;
+    }
+}
+
+#[tokio::test]
+async fn a_tally_weighs_costs_and_uneven_scores() {
+    let members = [
+        m("http://10.0.0.1:8080", 3, 7, 0),
+        m("http://10.0.0.2:8080", 1, 9, 0),
+        m("http://10.0.0.3:8080", 2, 0, 0),
+        m("http://10.0.0.10:8080", 1, 12, 0),
+    ];
+    for n in [1, 4, 13, 40, 128] {
+        tally_as_single_runs(&members, n, "weighted", &[]).await;
+        tally_as_single_runs(&members, n, "least-used", &[]).await;
+    }
+}
+
+#[tokio::test]
+async fn a_tally_over_a_pool_larger_than_it_reads_only_the_lowest() {
+    // 70 members, 30 acquires: only the 30 lowest can be chosen.
+    let members = numbered(70, |i| (1 + (i % 3) as u32, (i * 7 % 11) as u64, 0));
+    tally_as_single_runs(&members, 30, "least-used", &[]).await;
+    tally_as_single_runs(&members, 30, "weighted", &[]).await;
+    tally_as_single_runs(&members, 200, "least-used", &[]).await;
+}
+
+#[tokio::test]
+async fn a_tally_decides_one_by_one_where_it_cannot_count() {
+    let members = [m("a", 1, 0, 0), m("b", 2, 1, 0), m("c", 1, 3, 0)];
+    // A member in the ZSET without a state (skipped by every acquire), and a fractional score.
+    let odd = [("members", "ghost", "0"), ("members", "c", "1.5")];
+    tally_as_single_runs(&members, 9, "least-used", &odd).await;
+    tally_as_single_runs(&members, 9, "least-used", &odd[1..]).await;
+}
+
+#[tokio::test]
+async fn a_tally_of_an_empty_or_unconfigured_pool_and_bad_arguments() {
+    let out = [Member {
+        id: "out",
+        eligible: false,
+        cost: 1,
+        score: 4,
+        live: 0,
+    }];
+    let tally = tally_as_single_runs(&out, 4, "least-used", &[]).await;
+    assert!(tally.is_empty(), "{tally:?}");
+    let redis = RedisServer::start().await;
+    let mut c = connect(&redis).await;
+    let script = redis::Script::new(SCRIPT);
+    let mut inv = invocation(&script, "never", "-", 0, "least-used", "tally");
+    let reply: Vec<String> = inv.arg(5).invoke_async(&mut c).await.expect("tally");
+    assert_eq!(reply, ["unconfigured"]);
+    setup(&mut c, "p", &[m("a", 1, 0, 0)], &[]).await;
+    let before = dump(&mut c, "p").await;
+    for (cap, strategy, n) in [
+        (1, "least-used", "5"),
+        (0, "round-robin", "5"),
+        (0, "least-connections", "5"),
+        (0, "least-used", "0"),
+        (0, "least-used", "2.5"),
+        (0, "least-used", "x"),
+    ] {
+        let mut inv = invocation(&script, "p", "-", cap, strategy, "tally");
+        let refused: Result<Value, _> = inv.arg(n).invoke_async(&mut c).await;
+        assert!(refused.is_err(), "{cap} {strategy} {n}: {refused:?}");
+    }
+    assert_eq!(dump(&mut c, "p").await, before, "a refused tally wrote");
 }

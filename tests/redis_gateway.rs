@@ -429,11 +429,19 @@ async fn under_load_a_quarantine_stops_requests_through_the_upstream_on_both_ins
     let via = [client_via(&a), client_via(&b)];
     let url = origin.url("/ok");
 
-    let before = redis.command_calls()["evalsha"];
+    let zincrby = || redis.command_calls().get("zincrby").copied().unwrap_or(0);
+    let (before, zincrby_before) = (redis.command_calls()["evalsha"], zincrby());
     assert_eq!(load(&via, &url, 16, 10).await, 160);
     let evalsha = redis.command_calls()["evalsha"] - before;
     eprintln!("160 requests from 16 clients over 2 instances: {evalsha} EVALSHA");
     assert!(evalsha < 80, "{evalsha} EVALSHA for 160 requests");
+    // Plain requests' allocations are tallied, each member's score written once a call, not
+    // raised once per request.
+    assert_eq!(
+        zincrby() - zincrby_before,
+        0,
+        "allocations raised one by one"
+    );
 
     let victim = &ups[3];
     let victim_id = victim.url();

@@ -110,6 +110,61 @@ fn split_replies(
     Ok((out, grants))
 }
 
+/// The `tally` mode's reply (upstream, count pairs, or the one word `unconfigured`) as each
+/// item's answer and the stock's grants, as [`split_replies`] gives them. The grants are dealt
+/// one member at a time in turn, so the requests that follow spread over the members as a
+/// batch decided one by one would spread them; the waiting leases take the first ones.
+fn split_tally(
+    items: &[AcquireItem],
+    replies: Vec<String>,
+) -> Result<(Vec<AcquireReply>, Vec<UpstreamId>), Fault> {
+    if replies.len() == 1 && replies[0] == "unconfigured" {
+        let out = items
+            .iter()
+            .map(|i| match i {
+                AcquireItem::Lease(_) => AcquireReply::Unconfigured,
+                AcquireItem::Refill => AcquireReply::NoCandidates,
+            })
+            .collect();
+        return Ok((out, Vec::new()));
+    }
+    if replies.len() % 2 != 0 {
+        return Err(Fault::Broken(format!(
+            "acquire: a tally of {} items",
+            replies.len()
+        )));
+    }
+    let mut counts = Vec::with_capacity(replies.len() / 2);
+    for pair in replies.chunks_exact(2) {
+        let n: usize = pair[1]
+            .parse()
+            .map_err(|_| Fault::Broken(format!("acquire: a tally count `{}`", pair[1])))?;
+        counts.push((pair[0].as_str(), n));
+    }
+    let mut dealt = Vec::with_capacity(counts.iter().map(|(_, n)| n).sum());
+    while counts.iter().any(|(_, n)| *n > 0) {
+        for (up, n) in counts.iter_mut().filter(|(_, n)| *n > 0) {
+            *n -= 1;
+            dealt.push(*up);
+        }
+    }
+    let mut dealt = dealt.into_iter();
+    let out = items
+        .iter()
+        .map(|i| match i {
+            AcquireItem::Lease(_) => match dealt.next() {
+                Some(up) => AcquireReply::Granted {
+                    upstream: up.to_string(),
+                    bound_now: false,
+                },
+                None => AcquireReply::NoCandidates,
+            },
+            AcquireItem::Refill => AcquireReply::NoCandidates,
+        })
+        .collect();
+    Ok((out, dealt.map(UpstreamId::new).collect()))
+}
+
 /// A random id for a lease Redis grants, marked unlisted when it is (see `held.rs`).
 fn new_lease(unlisted: bool) -> LeaseId {
     let id = rand::random::<u64>() & !(FALLBACK_LEASE | UNLISTED_LEASE);
@@ -341,7 +396,9 @@ impl Inner {
             .filter(|i| matches!(i, AcquireItem::Lease(_)))
             .count();
         let refill = waiting < items.len();
-        let (extra, generation) = if takes_unlisted_leases(&p.spec.load()) {
+        let spec = p.spec.load();
+        let unlisted = takes_unlisted_leases(&spec);
+        let (extra, generation) = if unlisted {
             let mut stock = locked(&lane.stock);
             stock.note_waiting(waiting);
             let extra = if refill || stock.start_refill() {
@@ -355,21 +412,41 @@ impl Inner {
         };
         let stocking = refill || extra > 0;
         let mut inv = self.acquire_call(p, None, None, lane.subset.as_deref());
-        inv.arg(if lane.subset.is_some() {
-            "many-within"
+        // Unlisted leases of the whole pool by least-used or weighted are only counted: Redis
+        // tallies them (see `acquire.lua`) instead of deciding each.
+        let tally = unlisted
+            && lane.subset.is_none()
+            && matches!(spec.strategy, Strategy::LeastUsed | Strategy::Weighted)
+            && items.iter().all(|i| match i {
+                AcquireItem::Lease(l) => l.0 & UNLISTED_LEASE != 0,
+                AcquireItem::Refill => true,
+            });
+        if tally {
+            inv.arg("tally").arg(waiting + extra);
         } else {
-            "many"
-        });
-        for i in items {
-            if let AcquireItem::Lease(l) = i {
-                lease_arg(&mut inv, *l);
+            inv.arg(if lane.subset.is_some() {
+                "many-within"
+            } else {
+                "many"
+            });
+            for i in items {
+                if let AcquireItem::Lease(l) = i {
+                    lease_arg(&mut inv, *l);
+                }
+            }
+            for _ in 0..extra {
+                inv.arg("-");
             }
         }
-        for _ in 0..extra {
-            inv.arg("-");
-        }
+        drop(spec);
         let replies: Result<Vec<String>, Fault> = self.eval(&inv, self.timeout).await;
-        let split = replies.and_then(|r| split_replies(items, waiting + extra, r));
+        let split = replies.and_then(|r| {
+            if tally {
+                split_tally(items, r)
+            } else {
+                split_replies(items, waiting + extra, r)
+            }
+        });
         match split {
             Ok((out, mut grants)) => {
                 if stocking {
@@ -600,5 +677,61 @@ mod tests {
         );
         let short = split_replies(&items, 4, vec!["granted 0 http://a".into()]);
         assert!(matches!(short, Err(Fault::Broken(_))));
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A tally's grants are dealt a member at a time in turn: the waiting leases take the first
+    /// ones, in order, and the stock the rest.
+    #[test]
+    fn a_tally_is_dealt_in_turn_to_the_leases_and_then_the_stock() {
+        let items = [
+            AcquireItem::Lease(LeaseId(1)),
+            AcquireItem::Refill,
+            AcquireItem::Lease(LeaseId(2)),
+        ];
+        let reply = strings(&["http://a", "3", "http://b", "1", "http://c", "2"]);
+        let (out, grants) = split_tally(&items, reply).unwrap();
+        let granted = |u: &str| AcquireReply::Granted {
+            upstream: u.into(),
+            bound_now: false,
+        };
+        assert_eq!(
+            out,
+            [
+                granted("http://a"),
+                AcquireReply::NoCandidates,
+                granted("http://b")
+            ]
+        );
+        let ids: Vec<&str> = grants.iter().map(UpstreamId::as_str).collect();
+        assert_eq!(ids, ["http://c", "http://a", "http://c", "http://a"]);
+    }
+
+    #[test]
+    fn a_short_tally_leaves_leases_without_a_grant_and_a_bad_one_is_broken() {
+        let items = [
+            AcquireItem::Lease(LeaseId(1)),
+            AcquireItem::Lease(LeaseId(2)),
+            AcquireItem::Refill,
+        ];
+        let (out, grants) = split_tally(&items, strings(&["http://a", "1"])).unwrap();
+        assert!(matches!(out[0], AcquireReply::Granted { .. }), "{out:?}");
+        assert_eq!(out[1], AcquireReply::NoCandidates);
+        assert!(grants.is_empty());
+        let (out, grants) = split_tally(&items, Vec::new()).unwrap();
+        assert!(out.iter().all(|r| *r == AcquireReply::NoCandidates));
+        assert!(grants.is_empty());
+        let (out, _) = split_tally(&items, strings(&["unconfigured"])).unwrap();
+        assert_eq!(
+            out[..2],
+            [AcquireReply::Unconfigured, AcquireReply::Unconfigured]
+        );
+        for bad in [&["http://a"][..], &["http://a", "x"], &["http://a", "-1"]] {
+            let r = split_tally(&items, strings(bad));
+            assert!(matches!(r, Err(Fault::Broken(_))), "{bad:?}: {r:?}");
+        }
     }
 }
