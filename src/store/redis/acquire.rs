@@ -113,9 +113,11 @@ fn split_replies(
 /// The `tally` mode's reply (upstream, count pairs, or the one word `unconfigured`) as each
 /// item's answer and the stock's grants, as [`split_replies`] gives them. The grants are dealt
 /// one member at a time in turn, so the requests that follow spread over the members as a
-/// batch decided one by one would spread them; the waiting leases take the first ones.
+/// batch decided one by one would spread them; the waiting leases take the first ones. More
+/// grants than the `asked` are a broken reply, not a reason to allocate without bound.
 fn split_tally(
     items: &[AcquireItem],
+    asked: usize,
     replies: Vec<String>,
 ) -> Result<(Vec<AcquireReply>, Vec<UpstreamId>), Fault> {
     if replies.len() == 1 && replies[0] == "unconfigured" {
@@ -141,7 +143,15 @@ fn split_tally(
             .map_err(|_| Fault::Broken(format!("acquire: a tally count `{}`", pair[1])))?;
         counts.push((pair[0].as_str(), n));
     }
-    let mut dealt = Vec::with_capacity(counts.iter().map(|(_, n)| n).sum());
+    let total = counts
+        .iter()
+        .try_fold(0usize, |t, (_, n)| t.checked_add(*n));
+    if total.is_none_or(|t| t > asked) {
+        return Err(Fault::Broken(format!(
+            "acquire: a tally of more than the {asked} grants asked for"
+        )));
+    }
+    let mut dealt = Vec::with_capacity(asked);
     while counts.iter().any(|(_, n)| *n > 0) {
         for (up, n) in counts.iter_mut().filter(|(_, n)| *n > 0) {
             *n -= 1;
@@ -442,7 +452,7 @@ impl Inner {
         let replies: Result<Vec<String>, Fault> = self.eval(&inv, self.timeout).await;
         let split = replies.and_then(|r| {
             if tally {
-                split_tally(items, r)
+                split_tally(items, waiting + extra, r)
             } else {
                 split_replies(items, waiting + extra, r)
             }
@@ -693,7 +703,7 @@ mod tests {
             AcquireItem::Lease(LeaseId(2)),
         ];
         let reply = strings(&["http://a", "3", "http://b", "1", "http://c", "2"]);
-        let (out, grants) = split_tally(&items, reply).unwrap();
+        let (out, grants) = split_tally(&items, 6, reply).unwrap();
         let granted = |u: &str| AcquireReply::Granted {
             upstream: u.into(),
             bound_now: false,
@@ -717,20 +727,27 @@ mod tests {
             AcquireItem::Lease(LeaseId(2)),
             AcquireItem::Refill,
         ];
-        let (out, grants) = split_tally(&items, strings(&["http://a", "1"])).unwrap();
+        let (out, grants) = split_tally(&items, 4, strings(&["http://a", "1"])).unwrap();
         assert!(matches!(out[0], AcquireReply::Granted { .. }), "{out:?}");
         assert_eq!(out[1], AcquireReply::NoCandidates);
         assert!(grants.is_empty());
-        let (out, grants) = split_tally(&items, Vec::new()).unwrap();
+        let (out, grants) = split_tally(&items, 4, Vec::new()).unwrap();
         assert!(out.iter().all(|r| *r == AcquireReply::NoCandidates));
         assert!(grants.is_empty());
-        let (out, _) = split_tally(&items, strings(&["unconfigured"])).unwrap();
+        let (out, _) = split_tally(&items, 4, strings(&["unconfigured"])).unwrap();
         assert_eq!(
             out[..2],
             [AcquireReply::Unconfigured, AcquireReply::Unconfigured]
         );
-        for bad in [&["http://a"][..], &["http://a", "x"], &["http://a", "-1"]] {
-            let r = split_tally(&items, strings(bad));
+        let lies = ["http://a", "3", "http://b", "18446744073709551615"];
+        for bad in [
+            &["http://a"][..],
+            &["http://a", "x"],
+            &["http://a", "-1"],
+            &["http://a", "5"],
+            &lies,
+        ] {
+            let r = split_tally(&items, 4, strings(bad));
             assert!(matches!(r, Err(Fault::Broken(_))), "{bad:?}: {r:?}");
         }
     }
