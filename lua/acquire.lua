@@ -46,6 +46,8 @@
 --            upstream, count pairs, in the order of each one's first grant ({} when nothing is
 --            eligible, {"unconfigured"} as ever). A gateway refilling its stock of grants takes
 --            them this way: the calls' bulk, whose order within a call nobody needs.
+--   tally-within: the same for n `within` acquires in a label filter's subset (KEYS[13], named
+--            only; {"nosubset"} when it is missing), counted as `many-within` would count them.
 --   many-within: ARGV[8..] lease ids or "-": one `within` acquire per id, nothing excluded, in
 --            order, replied as `many` replies; the subset (KEYS[13]) is named only, and when it
 --            is missing every reply is "nosubset" (the caller sends its members in a `within`).
@@ -168,11 +170,16 @@ elseif mode == 'many' or mode == 'many-within' then
     batch_within = true
     mode = 'any'
   end
-elseif mode == 'tally' then
+elseif mode == 'tally' or mode == 'tally-within' then
   tally_n = tonumber(ARGV[8])
   if not tally_n or tally_n < 1 or tally_n ~= math.floor(tally_n) or cap ~= 0
-      or (strategy ~= 'least-used' and strategy ~= 'weighted') then
+      or (strategy ~= 'least-used' and strategy ~= 'weighted')
+      or (mode == 'tally-within' and #KEYS < 13) then
     return redis.error_reply('ERR acquire: bad tally arguments')
+  end
+  if mode == 'tally-within' then
+    sub = KEYS[13]
+    mode = 'tally'
   end
 elseif mode ~= 'any' then
   return redis.error_reply('ERR acquire: unknown mode')
@@ -829,27 +836,34 @@ local function pick()
   return {'none'}
 end
 
--- The n lowest-scored members, as entries {up, score, step} in the ZSET's order: the k-th of a
--- batch of acquires without a cap can only take one of the k lowest, since each member before it
--- must have been chosen first to fall behind it. False when the pool has no eligible member; nil
--- when one of them has no state or is not eligible (the walk handles those) or an id is longer
--- than 1,024 bytes (far beyond a proxy URL; see `byte_order`).
-local function lowest_members(n)
-  local flat = redis.call('ZRANGE', KEYS[3], '0', string.format('%d', n - 1), 'WITHSCORES')
+-- The n lowest-scored eligible members of `zset` (the pool's, or a subset's), as entries {up,
+-- score, step} in its order: the k-th of a batch of acquires without a cap can only take one of
+-- the k lowest, since each member before it must have been chosen first to fall behind it. False
+-- when there is no eligible member. Nil, for the walk to decide, when a member of the pool's has
+-- no state or is not eligible (which no acquire expects there), when a subset's members passed
+-- over (out of service) may hide some beyond those read, or when an id is longer than 1,024
+-- bytes (far beyond a proxy URL; see `byte_order`).
+local function lowest_members(zset, n)
+  local flat = redis.call('ZRANGE', zset, '0', string.format('%d', n - 1), 'WITHSCORES')
   if #flat == 0 then return false end
   local ups = {}
   for i = 1, #flat, 2 do ups[#ups + 1] = flat[i] end
   local raw = redis.call('HMGET', KEYS[2], unpack(ups))
-  local list = {}
+  local list, passed = {}, false
   for i, up in ipairs(ups) do
     -- Only the cost of the state (see `decode`): eligible, keeps sessions, cost.
     local cost = raw[i] and string.match(raw[i], '^1|%d|(%d+)|[^|]+|%d+$')
     local score = tonumber(flat[2 * i])
-    if not cost or not score or #up > 1024 then return nil end
-    cost = tonumber(cost)
-    list[i] = {up = up, score = score, step = cost >= 1 and cost or 1}
+    if not score or #up > 1024 or (not cost and zset == KEYS[3]) then return nil end
+    if cost then
+      cost = tonumber(cost)
+      list[#list + 1] = {up = up, score = score, step = cost >= 1 and cost or 1}
+    else
+      passed = true
+    end
   end
-  return list
+  if passed and #ups == n then return nil end
+  return #list > 0 and list
 end
 
 -- Sorts entries as the ZSET orders members of equal score: by their bytes, which Lua's `<` does
@@ -873,18 +887,24 @@ local function byte_order(list)
   end)
 end
 
--- Writes the new scores of the entries in `moved` (upstream -> entry) decided on the copy.
-local function write_scores(moved)
+-- Writes the new scores of the entries in `moved` (upstream -> entry, with its `count` of grants)
+-- decided on a copy of `zset`. Grants within a subset also count in the pool's ZSET, as
+-- `count_allocation` counts them.
+local function write_scores(zset, moved)
   local scores = {}
   for up, e in pairs(moved) do
     scores[#scores + 1] = string.format('%.17g', e.score)
     scores[#scores + 1] = up
   end
   if #scores > 0 then
-    redis.call('ZADD', KEYS[3], 'XX', unpack(scores))
+    redis.call('ZADD', zset, 'XX', unpack(scores))
   end
-  if kept then
-    for up, e in pairs(moved) do reindex(up, e.score, nil) end
+  for up, e in pairs(moved) do
+    local score = e.score
+    if zset ~= KEYS[3] then
+      score = redis.call('ZINCRBY', KEYS[3], string.format('%d', e.count * e.step), up)
+    end
+    if kept then reindex(up, score, nil) end
   end
 end
 
@@ -967,6 +987,15 @@ local function many_least_used(leases)
   return replies
 end
 
+-- A reply of the many mode as one string (an error stays an error).
+local function line(reply)
+  if type(reply) == 'string' or reply.err then return reply end
+  if reply[1] == 'granted' then
+    return 'granted ' .. reply[3] .. ' ' .. reply[2]
+  end
+  return table.concat(reply, ' ')
+end
+
 -- The tally mode (see the header): how many of n acquires each member gets, as `many` would
 -- decide them one by one, without a ZRANGE and a ZINCRBY per acquire (most of Redis's time in
 -- a batch, and a tenth of a gateway's requests' cost in all). Member i's j-th grant comes when
@@ -977,7 +1006,8 @@ end
 -- Scores and steps are whole numbers (allocations times a whole cost); should one not be, or a
 -- member read lack its state, the acquires are decided one by one as in `many`.
 local function tally(n)
-  local order = lowest_members(n)
+  local zset = sub or KEYS[3]
+  local order = lowest_members(zset, n)
   if order == false then return {} end
   local whole = order ~= nil
   for _, e in ipairs(order or {}) do
@@ -987,10 +1017,17 @@ local function tally(n)
   end
   local flat = {}
   if not whole then
-    local leases, counts, firsts = {}, {}, {}
-    for i = 1, n do leases[i] = '-' end
-    for _, reply in ipairs(many_least_used(leases)) do
-      if type(reply) == 'string' then
+    local replies, counts, firsts = {}, {}, {}
+    if sub then
+      -- As single `within` acquires of unlisted leases.
+      mode, lease = 'any', '-'
+      for i = 1, n do replies[i] = line(pick_within()) end
+    else
+      for i = 1, n do replies[i] = '-' end
+      replies = many_least_used(replies)
+    end
+    for _, reply in ipairs(replies) do
+      if type(reply) == 'string' and string.sub(reply, 1, 10) == 'granted 0 ' then
         local up = string.sub(reply, 11)
         if not counts[up] then firsts[#firsts + 1] = up end
         counts[up] = (counts[up] or 0) + 1
@@ -1041,17 +1078,8 @@ local function tally(n)
       flat[#flat + 1] = string.format('%d', e.count)
     end
   end
-  write_scores(moved)
+  write_scores(zset, moved)
   return flat
-end
-
--- A reply of the many mode as one string (an error stays an error).
-local function line(reply)
-  if type(reply) == 'string' or reply.err then return reply end
-  if reply[1] == 'granted' then
-    return 'granted ' .. reply[3] .. ' ' .. reply[2]
-  end
-  return table.concat(reply, ' ')
 end
 
 if mode == 'tally' then

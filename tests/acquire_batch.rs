@@ -566,6 +566,27 @@ async fn tally_as_single_runs(
     strategy: &str,
     prepare: &[(&str, &str, &str)],
 ) -> Vec<String> {
+    tally_compare(members, None, n, strategy, prepare).await
+}
+
+/// [`tally_as_single_runs`] for a `tally-within` against single `within` acquires inside a subset
+/// of `subset` members with these allocation scores.
+async fn tally_within_as_single_runs(
+    members: &[Member],
+    subset: &[(&str, u64)],
+    n: usize,
+    strategy: &str,
+) -> Vec<String> {
+    tally_compare(members, Some(subset), n, strategy, &[]).await
+}
+
+async fn tally_compare(
+    members: &[Member],
+    subset: Option<&[(&str, u64)]>,
+    n: usize,
+    strategy: &str,
+    prepare: &[(&str, &str, &str)],
+) -> Vec<String> {
     let redis = RedisServer::start().await;
     let mut c = connect(&redis).await;
     let script = redis::Script::new(SCRIPT);
@@ -581,12 +602,25 @@ async fn tally_as_single_runs(
                 .await
                 .expect("prepare");
         }
+        for (id, score) in subset.unwrap_or_default() {
+            let _: () = c.zadd(subset_key(tag), *id, *score).await.expect("subset");
+        }
     }
-    let mut inv = invocation(&script, "batch", "-", 0, strategy, "tally");
+    let (batch_mode, single_mode) = match subset {
+        Some(_) => ("tally-within", "within"),
+        None => ("tally", "any"),
+    };
+    let mut inv = invocation(&script, "batch", "-", 0, strategy, batch_mode);
+    if subset.is_some() {
+        inv.key(subset_key("batch"));
+    }
     let tally: Vec<String> = inv.arg(n).invoke_async(&mut c).await.expect("tally");
     let mut counted: Vec<(String, usize)> = Vec::new();
     for _ in 0..n {
-        let inv = invocation(&script, "single", "-", 0, strategy, "any");
+        let mut inv = invocation(&script, "single", "-", 0, strategy, single_mode);
+        if subset.is_some() {
+            inv.key(subset_key("single")).arg("0");
+        }
         let reply: Vec<String> = inv.invoke_async(&mut c).await.expect("single");
         if let [kind, up, _] = reply.as_slice() {
             assert_eq!(kind, "granted", "{reply:?}");
@@ -701,4 +735,58 @@ async fn a_tally_of_an_empty_or_unconfigured_pool_and_bad_arguments() {
         assert!(refused.is_err(), "{cap} {strategy} {n}: {refused:?}");
     }
     assert_eq!(dump(&mut c, "p").await, before, "a refused tally wrote");
+}
+
+#[tokio::test]
+async fn a_tally_within_a_subset_counts_its_scores_and_the_pools() {
+    // The subset's allocation scores differ from the pool's; `out` is in the subset but out of
+    // service, `ghost` has no state: both are passed over.
+    let mut members = vec![
+        m("b", 1, 9, 0),
+        m("a", 2, 0, 0),
+        m("c", 1, 4, 0),
+        m("d", 1, 1, 0),
+    ];
+    members.push(Member {
+        id: "out",
+        eligible: false,
+        cost: 1,
+        score: 0,
+        live: 0,
+    });
+    let subset = [("a", 3), ("b", 0), ("out", 0), ("c", 1), ("ghost", 0)];
+    for n in [1, 2, 7, 30] {
+        tally_within_as_single_runs(&members, &subset, n, "least-used").await;
+        tally_within_as_single_runs(&members, &subset, n, "weighted").await;
+    }
+    // Of a large subset only the lowest are read; one passed over among them sends the call
+    // acquire by acquire.
+    let many = numbered(70, |i| (1 + (i % 2) as u32, (i % 9) as u64, 0));
+    let ids: Vec<String> = (0..70).map(|i| format!("u{i:02}")).collect();
+    let large: Vec<(&str, u64)> = ids.iter().map(|id| (id.as_str(), 0)).collect();
+    tally_within_as_single_runs(&many, &large[..40], 12, "least-used").await;
+    let mut with_out = members;
+    with_out.extend(numbered(3, |_| (1, 0, 0)));
+    let crowded = [("out", 0), ("u00", 0), ("u01", 0), ("u02", 0), ("a", 0)];
+    tally_within_as_single_runs(&with_out, &crowded, 2, "least-used").await;
+    let none =
+        tally_within_as_single_runs(&with_out, &[("out", 0), ("ghost", 0)], 3, "least-used").await;
+    assert!(none.is_empty(), "{none:?}");
+}
+
+#[tokio::test]
+async fn a_tally_within_a_missing_subset_asks_for_it() {
+    let redis = RedisServer::start().await;
+    let mut c = connect(&redis).await;
+    setup(&mut c, "gone", &numbered(3, |_| (1, 0, 0)), &[]).await;
+    let before = dump(&mut c, "gone").await;
+    let script = redis::Script::new(SCRIPT);
+    let mut inv = invocation(&script, "gone", "-", 0, "least-used", "tally-within");
+    inv.key(subset_key("gone"));
+    let reply: Vec<String> = inv.arg(4).invoke_async(&mut c).await.expect("tally");
+    assert_eq!(reply, ["nosubset"]);
+    assert_eq!(dump(&mut c, "gone").await, before);
+    let mut inv = invocation(&script, "gone", "-", 0, "least-used", "tally-within");
+    let refused: Result<Value, _> = inv.arg(4).invoke_async(&mut c).await;
+    assert!(refused.is_err(), "without the subset's key: {refused:?}");
 }

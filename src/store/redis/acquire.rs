@@ -110,7 +110,7 @@ fn split_replies(
     Ok((out, grants))
 }
 
-/// The `tally` mode's reply (upstream, count pairs, or the one word `unconfigured`) as each
+/// The `tally` mode's reply (upstream, count pairs, or one word: `unconfigured`, `nosubset`) as each
 /// item's answer and the stock's grants, as [`split_replies`] gives them. The grants are dealt
 /// one member at a time in turn, so the requests that follow spread over the members as a
 /// batch decided one by one would spread them; the waiting leases take the first ones. More
@@ -120,11 +120,16 @@ fn split_tally(
     asked: usize,
     replies: Vec<String>,
 ) -> Result<(Vec<AcquireReply>, Vec<UpstreamId>), Fault> {
-    if replies.len() == 1 && replies[0] == "unconfigured" {
+    let whole = match replies.as_slice() {
+        [w] if w == "unconfigured" => Some(AcquireReply::Unconfigured),
+        [w] if w == "nosubset" => Some(AcquireReply::NoSubset),
+        _ => None,
+    };
+    if let Some(reply) = whole {
         let out = items
             .iter()
             .map(|i| match i {
-                AcquireItem::Lease(_) => AcquireReply::Unconfigured,
+                AcquireItem::Lease(_) => reply.clone(),
                 AcquireItem::Refill => AcquireReply::NoCandidates,
             })
             .collect();
@@ -422,17 +427,21 @@ impl Inner {
         };
         let stocking = refill || extra > 0;
         let mut inv = self.acquire_call(p, None, None, lane.subset.as_deref());
-        // Unlisted leases of the whole pool by least-used or weighted are only counted: Redis
-        // tallies them (see `acquire.lua`) instead of deciding each.
+        // Unlisted leases by least-used or weighted are only counted: Redis tallies them (see
+        // `acquire.lua`) instead of deciding each.
         let tally = unlisted
-            && lane.subset.is_none()
             && matches!(spec.strategy, Strategy::LeastUsed | Strategy::Weighted)
             && items.iter().all(|i| match i {
                 AcquireItem::Lease(l) => l.0 & UNLISTED_LEASE != 0,
                 AcquireItem::Refill => true,
             });
         if tally {
-            inv.arg("tally").arg(waiting + extra);
+            inv.arg(if lane.subset.is_some() {
+                "tally-within"
+            } else {
+                "tally"
+            })
+            .arg(waiting + extra);
         } else {
             inv.arg(if lane.subset.is_some() {
                 "many-within"
@@ -739,6 +748,8 @@ mod tests {
             out[..2],
             [AcquireReply::Unconfigured, AcquireReply::Unconfigured]
         );
+        let (out, _) = split_tally(&items, 4, strings(&["nosubset"])).unwrap();
+        assert_eq!(out[..2], [AcquireReply::NoSubset, AcquireReply::NoSubset]);
         let lies = ["http://a", "3", "http://b", "18446744073709551615"];
         for bad in [
             &["http://a"][..],

@@ -85,7 +85,7 @@ impl Call {
 }
 
 /// What `acquire.lua` answered.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum AcquireReply {
     Granted {
         upstream: String,
