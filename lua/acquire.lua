@@ -39,8 +39,9 @@
 --                       replies, each as one string: "granted <bound_now> <upstream>",
 --                       "cap <ms>", "none" or "unconfigured" (a flat list of strings costs the
 --                       client a fraction of a list of lists to parse). A gateway sends the plain
---                       acquires that queued up while its last call was under way this way, so
---                       Redis pays the per-call cost once for all of them.
+--                       acquires that queued up while its last call was under way this way (or
+--                       as a tally, below, when they are unlisted under least-used or weighted),
+--                       so Redis pays the per-call cost once for all of them.
 --   tally:   ARGV[8] n: n plain acquires of unlisted leases, without a cap, under least-used or
 --            weighted, counted as `many` would count them; the reply is one flat list of
 --            upstream, count pairs, in the order of each one's first grant ({} when nothing is
@@ -997,8 +998,8 @@ local function line(reply)
 end
 
 -- The tally mode (see the header): how many of n acquires each member gets, as `many` would
--- decide them one by one, without a ZRANGE and a ZINCRBY per acquire (most of Redis's time in
--- a batch, and a tenth of a gateway's requests' cost in all). Member i's j-th grant comes when
+-- decide them one by one, without a ZRANGE and a ZINCRBY per acquire (with the Lua around them,
+-- most of Redis's time in a batch, and half its CPU per request in all). Member i's j-th grant comes when
 -- its score is s_i + j x step_i, and grants go by that score, then by the ZSET's order; so the n
 -- grants are the n smallest such keys, all among the n lowest members. T, the smallest score
 -- with at least n keys at or below it, is found by bisection; every key below T is granted, the
