@@ -225,6 +225,64 @@ async fn same_as_single_runs_within(
     compare(members, &[], &[], Some(subset), ids, cap, strategy).await
 }
 
+/// Sets up the two copies of one pool, `batch` and `single`: its members, other gateways' leases
+/// and reports, and a label filter's subset when there is one.
+async fn two_copies(
+    c: &mut MultiplexedConnection,
+    members: &[Member],
+    taken: &[&str],
+    reports: &[Report],
+    subset: Option<&[(&str, u64)]>,
+) {
+    for tag in ["batch", "single"] {
+        setup(c, tag, members, taken).await;
+        add_reports(c, tag, reports).await;
+        for (id, score) in subset.unwrap_or_default() {
+            let _: () = c.zadd(subset_key(tag), *id, *score).await.expect("subset");
+        }
+    }
+}
+
+/// A batch on the `batch` copy: `mode`, or `<mode>-within` naming the subset.
+fn batch_acquire<'a>(
+    script: &'a redis::Script,
+    cap: u32,
+    strategy: &str,
+    mode: &str,
+    within: bool,
+) -> redis::ScriptInvocation<'a> {
+    if !within {
+        return invocation(script, "batch", "-", cap, strategy, mode);
+    }
+    let mut inv = invocation(
+        script,
+        "batch",
+        "-",
+        cap,
+        strategy,
+        &format!("{mode}-within"),
+    );
+    inv.key(subset_key("batch"));
+    inv
+}
+
+/// A single acquire on the `single` copy: `any`, or `within` the subset (nothing excluded, the
+/// subset named only).
+fn single_acquire<'a>(
+    script: &'a redis::Script,
+    lease: &str,
+    cap: u32,
+    strategy: &str,
+    within: bool,
+) -> redis::ScriptInvocation<'a> {
+    if !within {
+        return invocation(script, "single", lease, cap, strategy, "any");
+    }
+    let mut inv = invocation(script, "single", lease, cap, strategy, "within");
+    inv.key(subset_key("single")).arg("0");
+    inv
+}
+
 async fn compare(
     members: &[Member],
     taken: &[&str],
@@ -237,32 +295,16 @@ async fn compare(
     let redis = RedisServer::start().await;
     let mut c = connect(&redis).await;
     let script = redis::Script::new(SCRIPT);
-    for tag in ["batch", "single"] {
-        setup(&mut c, tag, members, taken).await;
-        add_reports(&mut c, tag, reports).await;
-        for (id, score) in subset.unwrap_or_default() {
-            let _: () = c.zadd(subset_key(tag), *id, *score).await.expect("subset");
-        }
-    }
-    let (batch_mode, single_mode) = match subset {
-        Some(_) => ("many-within", "within"),
-        None => ("many", "any"),
-    };
-    let mut inv = invocation(&script, "batch", "-", cap, strategy, batch_mode);
-    if subset.is_some() {
-        inv.key(subset_key("batch"));
-    }
+    two_copies(&mut c, members, taken, reports, subset).await;
+    let within = subset.is_some();
+    let mut inv = batch_acquire(&script, cap, strategy, "many", within);
     for id in ids {
         inv.arg(*id);
     }
     let batch: Result<Value, _> = inv.invoke_async(&mut c).await;
     let mut single = Vec::new();
     for id in ids {
-        let mut inv = invocation(&script, "single", id, cap, strategy, single_mode);
-        if subset.is_some() {
-            // Nothing excluded; the subset named only.
-            inv.key(subset_key("single")).arg("0");
-        }
+        let inv = single_acquire(&script, id, cap, strategy, within);
         let reply: Value = match inv.invoke_async(&mut c).await {
             Ok(v) => v,
             Err(e) => Value::SimpleString(format!("error {}", e.code().unwrap_or("?"))),
@@ -298,25 +340,34 @@ async fn compare(
         other => panic!("batch reply is not a list: {other:?}"),
     };
     assert_eq!(batch, single, "replies differ");
-    assert_eq!(
-        dump(&mut c, "batch").await,
-        dump(&mut c, "single").await,
-        "state differs"
-    );
+    assert_same_state(&mut c).await;
     batch
 }
 
-#[tokio::test]
-async fn least_used_batch_with_ties_in_byte_order() {
-    // Equal scores everywhere: ties go by byte order, where `B` < `a` < `a-1` < `a_1` < `b`
-    // (a locale-aware order would put them otherwise).
-    let members = [
+/// Both copies left in the same state.
+async fn assert_same_state(c: &mut MultiplexedConnection) {
+    assert_eq!(
+        dump(c, "batch").await,
+        dump(c, "single").await,
+        "state differs"
+    );
+}
+
+/// Equal scores everywhere: ties go by byte order, where `B` < `a` < `a-1` < `a_1` < `b` (a
+/// locale-aware order would put them otherwise).
+fn ties_in_byte_order() -> [Member; 5] {
+    [
         m("b", 1, 0, 0),
         m("a_1", 1, 0, 0),
         m("a-1", 1, 0, 0),
         m("B", 1, 0, 0),
         m("a", 1, 0, 0),
-    ];
+    ]
+}
+
+#[tokio::test]
+async fn least_used_batch_with_ties_in_byte_order() {
+    let members = ties_in_byte_order();
     let ids: Vec<String> = (1..=23).map(|i| format!("L{i}")).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     let replies = same_as_single_runs(&members, &[], &ids, 0, "least-used").await;
@@ -590,8 +641,8 @@ async fn tally_compare(
     let redis = RedisServer::start().await;
     let mut c = connect(&redis).await;
     let script = redis::Script::new(SCRIPT);
+    two_copies(&mut c, members, &[], &[], subset).await;
     for tag in ["batch", "single"] {
-        setup(&mut c, tag, members, &[]).await;
         // Raw writes: (key suffix, member, score) into a sorted set of the pool's.
         for (key, member, score) in prepare {
             let _: () = redis::cmd("ZADD")
@@ -602,25 +653,13 @@ async fn tally_compare(
                 .await
                 .expect("prepare");
         }
-        for (id, score) in subset.unwrap_or_default() {
-            let _: () = c.zadd(subset_key(tag), *id, *score).await.expect("subset");
-        }
     }
-    let (batch_mode, single_mode) = match subset {
-        Some(_) => ("tally-within", "within"),
-        None => ("tally", "any"),
-    };
-    let mut inv = invocation(&script, "batch", "-", 0, strategy, batch_mode);
-    if subset.is_some() {
-        inv.key(subset_key("batch"));
-    }
+    let within = subset.is_some();
+    let mut inv = batch_acquire(&script, 0, strategy, "tally", within);
     let tally: Vec<String> = inv.arg(n).invoke_async(&mut c).await.expect("tally");
     let mut counted: Vec<(String, usize)> = Vec::new();
     for _ in 0..n {
-        let mut inv = invocation(&script, "single", "-", 0, strategy, single_mode);
-        if subset.is_some() {
-            inv.key(subset_key("single")).arg("0");
-        }
+        let inv = single_acquire(&script, "-", 0, strategy, within);
         let reply: Vec<String> = inv.invoke_async(&mut c).await.expect("single");
         if let [kind, up, _] = reply.as_slice() {
             assert_eq!(kind, "granted", "{reply:?}");
@@ -637,23 +676,13 @@ async fn tally_compare(
         .flat_map(|(up, k)| [up, k.to_string()])
         .collect();
     assert_eq!(tally, single, "counts differ");
-    assert_eq!(
-        dump(&mut c, "batch").await,
-        dump(&mut c, "single").await,
-        "state differs"
-    );
+    assert_same_state(&mut c).await;
     tally
 }
 
 #[tokio::test]
 async fn a_tally_counts_ties_in_byte_order() {
-    let members = [
-        m("b", 1, 0, 0),
-        m("a_1", 1, 0, 0),
-        m("a-1", 1, 0, 0),
-        m("B", 1, 0, 0),
-        m("a", 1, 0, 0),
-    ];
+    let members = ties_in_byte_order();
     // Fewer acquires than members, a round and a part, several rounds.
     for n in [3, 7, 23] {
         let tally = tally_as_single_runs(&members, n, "least-used", &[]).await;

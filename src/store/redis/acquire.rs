@@ -660,6 +660,13 @@ impl Inner {
 mod tests {
     use super::*;
 
+    fn granted(upstream: &str) -> AcquireReply {
+        AcquireReply::Granted {
+            upstream: upstream.into(),
+            bound_now: false,
+        }
+    }
+
     /// Each waiting lease gets its own line in order, a refill item gets a placeholder and no
     /// line, and the lines after the waiting ones are the stock's grants.
     #[test]
@@ -677,10 +684,6 @@ mod tests {
         ];
         let (out, grants) =
             split_replies(&items, 4, lines.iter().map(|l| l.to_string()).collect()).unwrap();
-        let granted = |u: &str| AcquireReply::Granted {
-            upstream: u.into(),
-            bound_now: false,
-        };
         assert_eq!(
             out,
             [
@@ -713,10 +716,6 @@ mod tests {
         ];
         let reply = strings(&["http://a", "3", "http://b", "1", "http://c", "2"]);
         let (out, grants) = split_tally(&items, 6, reply).unwrap();
-        let granted = |u: &str| AcquireReply::Granted {
-            upstream: u.into(),
-            bound_now: false,
-        };
         assert_eq!(
             out,
             [
