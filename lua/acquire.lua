@@ -841,9 +841,10 @@ end
 -- score, step} in its order: the k-th of a batch of acquires without a cap can only take one of
 -- the k lowest, since each member before it must have been chosen first to fall behind it. False
 -- when there is no eligible member. Nil, for the walk to decide, when a member of the pool's has
--- no state or is not eligible (which no acquire expects there), when a subset's members passed
--- over (out of service) may hide some beyond those read, or when an id is longer than 1,024
--- bytes (far beyond a proxy URL; see `byte_order`).
+-- no state or is not eligible (which no acquire expects there), when a score is not a whole
+-- number (allocations times a whole cost always are), when a subset's members passed over (out
+-- of service) may hide some beyond those read, or when an id is longer than 1,024 bytes (far
+-- beyond a proxy URL; see `byte_order`).
 local function lowest_members(zset, n)
   local flat = redis.call('ZRANGE', zset, '0', string.format('%d', n - 1), 'WITHSCORES')
   if #flat == 0 then return false end
@@ -855,7 +856,9 @@ local function lowest_members(zset, n)
     -- Only the cost of the state (see `decode`): eligible, keeps sessions, cost.
     local cost = raw[i] and string.match(raw[i], '^1|%d|(%d+)|[^|]+|%d+$')
     local score = tonumber(flat[2 * i])
-    if not score or #up > 1024 or (not cost and zset == KEYS[3]) then return nil end
+    if not score or score ~= math.floor(score) or #up > 1024 or (not cost and zset == KEYS[3]) then
+      return nil
+    end
     if cost then
       cost = tonumber(cost)
       list[#list + 1] = {up = up, score = score, step = cost >= 1 and cost or 1}
@@ -1004,20 +1007,14 @@ end
 -- grants are the n smallest such keys, all among the n lowest members. T, the smallest score
 -- with at least n keys at or below it, is found by bisection; every key below T is granted, the
 -- rest go to the members with a key at T in the ZSET's order, and each score is written once.
--- Scores and steps are whole numbers (allocations times a whole cost); should one not be, or a
--- member read lack its state, the acquires are decided one by one as in `many`.
+-- Where `lowest_members` cannot say (see there), the acquires are decided one by one as in
+-- `many`.
 local function tally(n)
   local zset = sub or KEYS[3]
   local order = lowest_members(zset, n)
   if order == false then return {} end
-  local whole = order ~= nil
-  for _, e in ipairs(order or {}) do
-    if e.score ~= math.floor(e.score) or e.step ~= math.floor(e.step) or e.step < 1 then
-      whole = false
-    end
-  end
   local flat = {}
-  if not whole then
+  if not order then
     local replies, counts, firsts = {}, {}, {}
     if sub then
       -- As single `within` acquires of unlisted leases.

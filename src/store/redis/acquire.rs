@@ -435,19 +435,15 @@ impl Inner {
                 AcquireItem::Lease(l) => l.0 & UNLISTED_LEASE != 0,
                 AcquireItem::Refill => true,
             });
+        inv.arg(match (tally, lane.subset.is_some()) {
+            (true, false) => "tally",
+            (true, true) => "tally-within",
+            (false, false) => "many",
+            (false, true) => "many-within",
+        });
         if tally {
-            inv.arg(if lane.subset.is_some() {
-                "tally-within"
-            } else {
-                "tally"
-            })
-            .arg(waiting + extra);
+            inv.arg(waiting + extra);
         } else {
-            inv.arg(if lane.subset.is_some() {
-                "many-within"
-            } else {
-                "many"
-            });
             for i in items {
                 if let AcquireItem::Lease(l) = i {
                     lease_arg(&mut inv, *l);
