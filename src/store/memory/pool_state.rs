@@ -4,6 +4,7 @@
 //! read-decide-write step, given the time by its caller, and never waits.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -43,7 +44,10 @@ pub(super) struct PoolState {
     declarations: u32,
     sessions: Sessions,
     /// The label filters requests asked for, by subset id.
-    subsets: HashMap<String, SubsetIndex>,
+    subsets: HashMap<Arc<str>, SubsetIndex>,
+    /// In a least-connections pool, the subsets each member is in: whose load indexes move
+    /// with it.
+    load_subsets: FastMap<UpstreamId, Vec<Arc<str>>>,
     next_lease: u64,
 }
 
@@ -135,11 +139,19 @@ impl PoolState {
             }
         }
         if tracks_load && before != after {
-            if before.0 {
-                self.by_load.remove(&before.2);
-            }
-            if after.0 {
-                self.by_load.insert(after.2);
+            let moved = |index: &mut ByLoad| {
+                if before.0 {
+                    index.remove(&before.2);
+                }
+                if after.0 {
+                    index.insert(after.2);
+                }
+            };
+            moved(&mut self.by_load);
+            for sid in self.load_subsets.get(id).into_iter().flatten() {
+                if let Some(s) = self.subsets.get_mut(sid) {
+                    moved(&mut s.by_load);
+                }
             }
         }
         Some(out)
@@ -246,23 +258,8 @@ impl PoolState {
                 pick
             }
             Strategy::LeastConnections => {
-                let mut pick = None;
-                for &(_, _, pos) in &self.by_load {
-                    let Some(id) = self.spec.members.get(pos as usize) else {
-                        continue;
-                    };
-                    if exclude.contains(id) {
-                        continue;
-                    }
-                    let Some(m) = self.members.get(id) else {
-                        continue;
-                    };
-                    saw_candidate = true;
-                    if under_cap(m) {
-                        pick = Some(id.clone());
-                        break;
-                    }
-                }
+                let (pick, saw) = self.least_loaded(&self.by_load, exclude);
+                saw_candidate = saw;
                 pick
             }
             Strategy::RoundRobin => {
@@ -298,6 +295,30 @@ impl PoolState {
             None if saw_candidate => Acquired::AtCapacity,
             None => Acquired::NoCandidates,
         }
+    }
+
+    /// The first member of a load index (in service by construction) that is not excluded and
+    /// has room, and whether any member was a candidate: O(log n), plus one step per member
+    /// passed over.
+    fn least_loaded(&self, by_load: &ByLoad, exclude: &[UpstreamId]) -> (Option<UpstreamId>, bool) {
+        let cap = self.spec.max_concurrency;
+        let mut saw_candidate = false;
+        for &(_, _, pos) in by_load {
+            let Some(id) = self.spec.members.get(pos as usize) else {
+                continue;
+            };
+            if exclude.contains(id) {
+                continue;
+            }
+            let Some(m) = self.members.get(id) else {
+                continue;
+            };
+            saw_candidate = true;
+            if m.has_room(cap) {
+                return (Some(id.clone()), true);
+            }
+        }
+        (None, saw_candidate)
     }
 
     fn acquire_session(
@@ -379,6 +400,7 @@ impl PoolState {
         self.rr_next = 0;
         // Subsets are named after their members: after a membership change requests name new ones.
         self.subsets.clear();
+        self.load_subsets.clear();
         self.spec = spec;
     }
 
@@ -506,6 +528,7 @@ impl PoolState {
             declarations: 0,
             sessions: Sessions::new(now),
             subsets: HashMap::new(),
+            load_subsets: FastMap::default(),
             next_lease: 1,
         };
         state.reconfigure(spec);
@@ -540,24 +563,54 @@ impl PoolState {
         }
     }
 
-    /// The index of `subset`, made from its members on first use.
-    fn subset(&mut self, subset: &Subset<'_>, now: Instant) -> &mut SubsetIndex {
-        if !self.subsets.contains_key(subset.id) && self.subsets.len() >= MAX_SUBSETS {
+    /// Makes the index of `subset` from its members on first use, and marks it used.
+    fn subset(&mut self, subset: &Subset<'_>, now: Instant) {
+        if let Some(index) = self.subsets.get_mut(subset.id) {
+            index.last_used = now;
+            return;
+        }
+        if self.subsets.len() >= MAX_SUBSETS {
             let oldest = self
                 .subsets
                 .iter()
                 .min_by_key(|(_, s)| s.last_used)
                 .map(|(id, _)| id.clone());
             if let Some(id) = oldest {
-                self.subsets.remove(&id);
+                self.drop_subset(&id);
             }
         }
-        let index = self
-            .subsets
-            .entry(subset.id.to_string())
-            .or_insert_with(|| SubsetIndex::new(subset, now));
-        index.last_used = now;
-        index
+        let sid: Arc<str> = subset.id.into();
+        let mut index = SubsetIndex::new(subset, now);
+        if self.tracks_load() {
+            for id in &index.members {
+                let Some(m) = self.members.get(id) else {
+                    continue;
+                };
+                if m.listed() {
+                    index.by_load.insert(m.load_key());
+                }
+                self.load_subsets
+                    .entry(id.clone())
+                    .or_default()
+                    .push(sid.clone());
+            }
+        }
+        self.subsets.insert(sid, index);
+    }
+
+    /// Forgets a subset, and its members' note that their load moves its index.
+    fn drop_subset(&mut self, sid: &Arc<str>) {
+        let Some(index) = self.subsets.remove(sid) else {
+            return;
+        };
+        for id in &index.members {
+            if let Some(sids) = self.load_subsets.get_mut(id) {
+                sids.retain(|s| s != sid);
+                if sids.is_empty() {
+                    self.load_subsets.remove(id);
+                }
+            }
+        }
     }
 
     /// An acquire by the pool's strategy among the members of `subset` only, with the pool's
@@ -585,17 +638,11 @@ impl PoolState {
                     !self.at_cap(id)
                 })
                 .cloned(),
-            Strategy::LeastConnections => index
-                .members
-                .iter()
-                .filter(|id| candidate(id))
-                .filter(|id| {
-                    saw_candidate = true;
-                    !self.at_cap(id)
-                })
-                .filter_map(|id| self.members.get(id).map(|m| (m.load_key(), id)))
-                .min_by_key(|(load, _)| *load)
-                .map(|(_, id)| id.clone()),
+            Strategy::LeastConnections => {
+                let (pick, saw) = self.least_loaded(&index.by_load, exclude);
+                saw_candidate = saw;
+                pick
+            }
             Strategy::RoundRobin => {
                 let n = index.members.len();
                 let start = index.rr_next;
@@ -797,6 +844,170 @@ mod tests {
                 "step {step}: {id} lingers idle"
             );
         }
+        for (sid, index) in &st.subsets {
+            let by_load: ByLoad = if st.tracks_load() {
+                index
+                    .members
+                    .iter()
+                    .filter_map(|id| st.members.get(id))
+                    .filter(|m| m.listed())
+                    .map(Member::load_key)
+                    .collect()
+            } else {
+                BTreeSet::new()
+            };
+            assert!(index.by_load == by_load, "step {step}: {sid}'s by_load");
+            for id in index
+                .members
+                .iter()
+                .filter(|id| st.members.contains_key(*id))
+            {
+                let noted = st.load_subsets.get(id).is_some_and(|s| s.contains(sid));
+                assert_eq!(noted, st.tracks_load(), "step {step}: {id} in {sid}");
+            }
+        }
+        for (id, sids) in &st.load_subsets {
+            assert!(!sids.is_empty(), "step {step}: {id} in no subset");
+            for sid in sids {
+                let index = st.subsets.get(sid);
+                assert!(
+                    index.is_some_and(|s| s.contains(id)),
+                    "step {step}: {id} in {sid}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_subset_dropped_for_a_newer_one_leaves_its_members_unnoted() {
+        let now = Instant::now();
+        let members: Vec<UpstreamId> = (0..4)
+            .map(|i| UpstreamId::new(format!("http://10.5.0.{i}:3128")))
+            .collect();
+        let spec = PoolSpec {
+            name: "p".into(),
+            members: members.clone(),
+            strategy: Strategy::LeastConnections,
+            max_concurrency: None,
+            lease_ttl: Duration::from_secs(30),
+        };
+        let mut st = PoolState::new(spec, now);
+        for n in 0..MAX_SUBSETS + 8 {
+            let id = format!("s{n}");
+            let within = Some(Subset {
+                id: &id,
+                members: &members[n % 4..n % 4 + 1],
+            });
+            let got = st.acquire(
+                Want::Any {
+                    exclude: &[],
+                    within,
+                },
+                now,
+            );
+            assert!(matches!(got, Acquired::Granted(_)), "{n}: {got:?}");
+        }
+        assert_eq!(st.subsets.len(), MAX_SUBSETS);
+        let noted: usize = st.load_subsets.values().map(Vec::len).sum();
+        assert_eq!(noted, MAX_SUBSETS);
+        assert_consistent(&st, 0);
+    }
+
+    /// Least-connections' pick within `members` by weighing each: what the subset's load index
+    /// must give.
+    fn weighed_pick(st: &PoolState, members: &[UpstreamId]) -> Option<UpstreamId> {
+        members
+            .iter()
+            .filter_map(|id| st.members.get(id).map(|m| (m, id)))
+            .filter(|(m, _)| m.listed() && m.has_room(st.spec.max_concurrency))
+            .min_by_key(|(m, _)| m.load_key())
+            .map(|(_, id)| id.clone())
+    }
+
+    #[test]
+    fn least_connections_within_a_subset_picks_what_weighing_every_member_picks() {
+        let now = Instant::now();
+        let universe: Vec<UpstreamId> = (0..60)
+            .map(|i| UpstreamId::new(format!("http://10.4.0.{i}:3128")))
+            .collect();
+        let mut rng = StdRng::seed_from_u64(0x10ad);
+        let spec = PoolSpec {
+            name: "p".into(),
+            members: universe.clone(),
+            strategy: Strategy::LeastConnections,
+            max_concurrency: Some(3),
+            lease_ttl: Duration::from_secs(30),
+        };
+        let mut st = PoolState::new(spec.clone(), now);
+        // Overlapping filters, as `country=us` and `country=us,type=mobile` would be.
+        let filters: Vec<(String, Vec<UpstreamId>)> = (0..6)
+            .map(|f| {
+                let members = universe
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| i % (f + 2) == 0 || (f == 5 && i % 7 == 1))
+                    .map(|(_, id)| id.clone())
+                    .collect();
+                (format!("f{f}"), members)
+            })
+            .collect();
+        let mut held: Vec<(UpstreamId, LeaseId)> = Vec::new();
+        let mut clock = now;
+        let mut picks = 0;
+        for step in 0..3_000 {
+            match rng.random_range(0..12) {
+                0..5 => {
+                    let (sid, members) = &filters[rng.random_range(0..filters.len())];
+                    let expected = weighed_pick(&st, members);
+                    let within = Some(Subset { id: sid, members });
+                    match st.acquire(
+                        Want::Any {
+                            exclude: &[],
+                            within,
+                        },
+                        clock,
+                    ) {
+                        Acquired::Granted(g) => {
+                            assert_eq!(Some(&g.upstream), expected.as_ref(), "step {step}");
+                            held.push((g.upstream, g.lease));
+                            picks += 1;
+                        }
+                        other => assert!(expected.is_none(), "step {step}: {other:?}"),
+                    }
+                }
+                5..8 if !held.is_empty() => {
+                    let (up, lease) = held.swap_remove(rng.random_range(0..held.len()));
+                    st.release(&up, lease, Outcome::Ok, Duration::ZERO);
+                }
+                8 => {
+                    let any = Want::Any {
+                        exclude: &[],
+                        within: None,
+                    };
+                    if let Acquired::Granted(g) = st.acquire(any, clock) {
+                        held.push((g.upstream, g.lease));
+                    }
+                }
+                9 => {
+                    let id = &universe[rng.random_range(0..universe.len())];
+                    let state = MemberState {
+                        eligible: rng.random_bool(0.8),
+                        keeps_sessions: true,
+                        cost: rng.random_range(1..4),
+                    };
+                    st.set_member(id, state);
+                }
+                10 => {
+                    let id = &universe[rng.random_range(0..universe.len())];
+                    st.hold(id, rng.random_range(0..3));
+                }
+                // Leases nobody releases run out.
+                _ => clock += Duration::from_secs(rng.random_range(0..20)),
+            }
+            st.expire(clock);
+            assert_consistent(&st, step);
+        }
+        assert!(picks > 500, "{picks} picks within filters");
     }
 
     #[test]

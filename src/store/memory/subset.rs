@@ -22,6 +22,10 @@ pub(super) struct SubsetIndex {
     /// Every member by (allocations through this subset, id): least-used's order. Members out
     /// of service stay in it and are passed over, so a quarantine touches no subset.
     pub by_allocs: BTreeSet<(u64, UpstreamId)>,
+    /// The members in service by the pool's load key (least-connections' order; kept only in
+    /// such a pool): the pool keeps it in step with every lease, so an acquire takes its first
+    /// entry with room instead of weighing every member.
+    pub by_load: BTreeSet<(u64, u64, u32)>,
     pub rr_next: usize,
     pub last_used: Instant,
 }
@@ -35,6 +39,7 @@ impl SubsetIndex {
             members,
             allocs: subset.members.iter().map(|m| (m.clone(), 0)).collect(),
             by_allocs: subset.members.iter().map(|m| (0, m.clone())).collect(),
+            by_load: BTreeSet::new(),
             rr_next: 0,
             last_used: now,
         }
