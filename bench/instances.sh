@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What Redis pays per proxied request as gateway instances are added: 1, 2 and 4 instances of
 # poolgate on one redis-server and on a 3-master Redis Cluster, driven together (one wrk per
-# instance), one pool of the 8 fake upstreams of bench_fixture, least-used, no cap. For each
+# instance), one pool of the 8 fake upstreams of bench_fixture, least-used, no cap unless told. For each
 # row: total req/s, script runs per request (EVALSHA calls: the gateways batch the acquires and
 # releases that queue up while a call is under way), Redis calls per request (INFO commandstats:
 # the calls scripts make included), and Redis CPU per request
@@ -10,6 +10,8 @@
 #
 #   bench/instances.sh                 # 1 2 4 instances, 5 s each
 #   bench/instances.sh --seconds 10 --counts "1 2"
+#   bench/instances.sh --cap 1000                       # a pool with a cap: leases listed
+#   bench/instances.sh --strategy least-connections     # (listed too)
 #
 # On a machine of few cores the gateways, wrk and Redis share them: req/s is what this machine
 # does, while Redis's CPU and commands per request hold whatever the load. Everything binds
@@ -23,11 +25,21 @@ log() { printf 'instances: %s\n' "$*" >&2; }
 
 counts="1 2 4"
 secs=5
+pool_extra=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --counts) counts=${2:?--counts needs a list}; shift ;;
     --seconds) secs=${2:?--seconds needs a number}; shift ;;
-    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cap)
+      case "${2:-}" in '' | *[!0-9]*) echo "instances: --cap takes a number" >&2; exit 64 ;; esac
+      pool_extra+="max_concurrency = $2"$'\n'; shift ;;
+    --strategy)
+      case "${2:-}" in
+        least-used | least-connections | round-robin | weighted) ;;
+        *) echo "instances: unknown strategy ${2:-}" >&2; exit 64 ;;
+      esac
+      pool_extra+="strategy = \"$2\""$'\n'; shift ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "instances: unknown option $1" >&2; exit 64 ;;
   esac
   shift
@@ -128,6 +140,7 @@ allow_private_targets = true
 
 [pools.default]
 upstreams = [$upstream_list]
+$pool_extra
 EOF
       POOLGATE_LOG=warn start "gw-$topology-$k-$i" "$poolgate" --config "$work/gw-$topology-$k-$i.toml"
       gws+=("$started")
