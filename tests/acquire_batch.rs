@@ -459,6 +459,41 @@ async fn a_large_pool_under_a_cap_is_decided_past_the_members_read_first() {
 }
 
 #[tokio::test]
+async fn costs_and_caps_bind_together_within_the_members_read() {
+    // cap 4 with costs 1-3, uneven scores and live leases: members run out of room at different
+    // keys, ties among those left included; 30 acquires outgrow the 20 places.
+    let members = numbered(8, |i| {
+        (
+            1 + (i % 3) as u32,
+            [0, 2, 2, 5, 0, 7, 2, 1][i],
+            (i % 4) as u32,
+        )
+    });
+    let ids: Vec<String> = (1..=30).map(|i| format!("k{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    for strategy in ["least-used", "weighted"] {
+        let replies = same_as_single_runs(&members, &[], &ids, 4, strategy).await;
+        let granted = replies.iter().filter(|r| r.contains("granted")).count();
+        assert_eq!(granted, 32 - 12, "{strategy}: {replies:?}");
+    }
+}
+
+#[tokio::test]
+async fn members_at_their_cap_among_the_lowest_leave_grants_to_members_beyond() {
+    // 100 members under a cap of 2: the 12 lowest (score 0) are at their cap but for two with
+    // one place each, so ten of a batch of 12 go to members the batch did not read first.
+    let members = numbered(100, |i| match i {
+        3 | 7 => (1, 0, 1),
+        0..12 => (1, 0, 2),
+        _ => (1, 5, 0),
+    });
+    let ids: Vec<String> = (1..=12).map(|i| format!("b{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let replies = same_as_single_runs(&members, &[], &ids, 2, "least-used").await;
+    assert!(replies.iter().all(|r| r.contains("granted")), "{replies:?}");
+}
+
+#[tokio::test]
 async fn unlisted_leases_count_their_allocations_and_record_nothing() {
     // "-" asks for an unlisted lease; `r1` and `r2` are listed leases in the same batch.
     let members = [m("a", 1, 0, 0), m("b", 2, 1, 0), m("c", 1, 3, 0)];
