@@ -913,6 +913,23 @@ mod tests {
         assert_consistent(&st, 0);
     }
 
+    /// Sets a member of `universe` at random in or out of service (in with `eligible`'s odds),
+    /// at a random cost.
+    fn set_random_member(
+        st: &mut PoolState,
+        rng: &mut StdRng,
+        universe: &[UpstreamId],
+        eligible: f64,
+    ) {
+        let id = &universe[rng.random_range(0..universe.len())];
+        let state = MemberState {
+            eligible: rng.random_bool(eligible),
+            keeps_sessions: true,
+            cost: rng.random_range(1..4),
+        };
+        st.set_member(id, state);
+    }
+
     /// Least-connections' pick within `members` by weighing each: what the subset's load index
     /// must give.
     fn weighed_pick(st: &PoolState, members: &[UpstreamId]) -> Option<UpstreamId> {
@@ -988,15 +1005,7 @@ mod tests {
                         held.push((g.upstream, g.lease));
                     }
                 }
-                9 => {
-                    let id = &universe[rng.random_range(0..universe.len())];
-                    let state = MemberState {
-                        eligible: rng.random_bool(0.8),
-                        keeps_sessions: true,
-                        cost: rng.random_range(1..4),
-                    };
-                    st.set_member(id, state);
-                }
+                9 => set_random_member(&mut st, &mut rng, &universe, 0.8),
                 10 => {
                     let id = &universe[rng.random_range(0..universe.len())];
                     st.hold(id, rng.random_range(0..3));
@@ -1041,15 +1050,7 @@ mod tests {
                     let (up, lease) = held.swap_remove(rng.random_range(0..held.len()));
                     st.release(&up, lease, Outcome::Ok, Duration::ZERO);
                 }
-                6 => {
-                    let id = &universe[rng.random_range(0..universe.len())];
-                    let state = MemberState {
-                        eligible: rng.random_bool(0.7),
-                        keeps_sessions: true,
-                        cost: rng.random_range(1..4),
-                    };
-                    st.set_member(id, state);
-                }
+                6 => set_random_member(&mut st, &mut rng, &universe, 0.7),
                 _ => {
                     let mut members = spec.members.clone();
                     for _ in 0..rng.random_range(0..4) {
