@@ -1288,6 +1288,62 @@ suite!(
     listed_members_are_shared_and_announced,
 );
 
+/// A health decision made before its instance heard of another instance's quarantine does not
+/// undo it, even when the instance's store has heard of it by the time the decision is applied:
+/// what counts is what the decider knew. (Two instances seeing the same captchas: one
+/// quarantines, the other, a moment behind, only degrades.) A decision made knowing of the
+/// quarantine still returns the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_decision_made_before_a_quarantine_was_heard_does_not_undo_it() {
+    let server = RedisServer::start().await;
+    let backend = Backend::Redis(server.url());
+    let (spec, m) = spec(
+        "stale",
+        2,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let c = backend.clients(2, &spec).await;
+    let pool = &spec.name;
+    let mut heard = c[0].subscribe_member_changes();
+    let out = MemberState {
+        eligible: false,
+        keeps_sessions: true,
+        cost: 1,
+    };
+    c[1].set_member(pool, &m[0], out).await.unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(2), heard.recv())
+        .await
+        .expect("the quarantine reached the other instance")
+        .unwrap();
+    assert_eq!(change.state, out);
+    let degraded = MemberState {
+        eligible: true,
+        keeps_sessions: true,
+        cost: 2,
+    };
+    c[0].apply_decision(pool, &m[0], degraded, MemberState::IN_SERVICE)
+        .await
+        .unwrap();
+    let state = server.cli(&["HGET", &format!("pgtest:{{{pool}}}:state"), m[0].as_str()]);
+    assert!(
+        state.starts_with("0|1|1|"),
+        "the quarantine was undone: {state}"
+    );
+    for i in 0..10 {
+        let g = granted(c[i % 2].acquire(pool, ANY).await.unwrap());
+        assert_ne!(g.upstream, m[0], "a quarantined member is no candidate");
+        release(&c[i % 2], pool, &g).await;
+    }
+    c[0].apply_decision(pool, &m[0], MemberState::IN_SERVICE, out)
+        .await
+        .unwrap();
+    let state = server.cli(&["HGET", &format!("pgtest:{{{pool}}}:state"), m[0].as_str()]);
+    assert!(state.starts_with("1|1|1|"), "not returned: {state}");
+    assert_healthy(&c);
+}
+
 /// The Redis store sends the plain acquires, and the releases, that arrive while a call of their
 /// kind is under way in shared calls: 120 of each at once take a few calls, not 120, and every
 /// one gets its own answer (distinct leases, balanced as least-used, every lease ended). Under a

@@ -42,6 +42,9 @@ const MAX_WEIGHT_COST: u32 = 8;
 pub struct Change {
     pub upstream: UpstreamId,
     pub member: MemberState,
+    /// The setting the engine knew the member to have when it decided: a shared store refuses
+    /// the change if another instance has moved the member out of service since.
+    pub believed: MemberState,
     pub transition: Option<Transition>,
 }
 
@@ -683,10 +686,11 @@ impl PoolHealth {
         if member == t.applied && transition.is_none() {
             return None;
         }
-        t.applied = member;
+        let believed = std::mem::replace(&mut t.applied, member);
         Some(Change {
             upstream: upstream.clone(),
             member,
+            believed,
             transition,
         })
     }
@@ -917,6 +921,41 @@ mod tests {
             .find(|r| r.target == target)
             .and_then(|r| r.cells.iter().find(|c| c.upstream == upstream))
             .map_or(0, |c| c.counts.bans)
+    }
+
+    /// Each change names the setting its decision started from: the one last handed to the
+    /// store, or mirrored from another instance, so that a shared store can refuse a decision
+    /// made before a quarantine elsewhere was heard of.
+    #[tokio::test(start_paused = true)]
+    async fn each_change_carries_the_setting_its_decision_started_from() {
+        let h = pool(3);
+        let fail = |u: &str| {
+            let mut changes = Vec::new();
+            for _ in 0..20 {
+                changes.extend(h.observe(
+                    &id(u),
+                    "a.example",
+                    Outcome::ConnectError,
+                    Duration::ZERO,
+                ));
+            }
+            changes
+        };
+        let changes = fail("u0");
+        assert!(!changes.is_empty(), "u0 left service");
+        assert_eq!(changes[0].believed, MemberState::IN_SERVICE);
+        for pair in changes.windows(2) {
+            assert_eq!(pair[1].believed, pair[0].member, "{changes:?}");
+        }
+        let elsewhere = MemberState {
+            eligible: true,
+            keeps_sessions: true,
+            cost: 3,
+        };
+        h.mirror(&id("u1"), elsewhere);
+        let changes = fail("u1");
+        assert!(!changes.is_empty(), "u1 left service");
+        assert_eq!(changes[0].believed, elsewhere, "{changes:?}");
     }
 
     /// The per-state counts and one member's latency, read without the whole view, agree with

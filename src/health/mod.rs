@@ -57,7 +57,10 @@ impl Registry {
 /// Hands health's decisions to the store.
 pub async fn apply<S: Store>(store: &S, pool: &str, changes: Vec<Change>) {
     for c in changes {
-        if let Err(e) = store.set_member(pool, &c.upstream, c.member).await {
+        if let Err(e) = store
+            .apply_decision(pool, &c.upstream, c.member, c.believed)
+            .await
+        {
             tracing::warn!(pool, upstream = %c.upstream, error = %e, "could not apply a health decision to the store");
         }
     }

@@ -97,17 +97,20 @@ impl Inner {
         }
     }
 
+    /// Applies `state` to `upstream`, as decided from `believed` (`None`: from this instance's
+    /// local view of it).
     pub(super) async fn set_member(
         self: &Arc<Self>,
         pool: &str,
         upstream: &UpstreamId,
         state: MemberState,
+        believed: Option<MemberState>,
     ) -> Result<(), StoreError> {
         let p = self.pool(pool)?;
         // In this order: a refill that lands after the clear finds the new setting.
         locked(&p.applied).insert(upstream.clone(), state);
         p.clear_stocks();
-        let believed = self.fallback.member_state(pool, upstream);
+        let believed = believed.or_else(|| self.fallback.member_state(pool, upstream));
         self.fallback.set_member(pool, upstream, state).await?;
         let deferred = || Deferred::Member {
             pool: pool.to_string(),

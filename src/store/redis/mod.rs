@@ -443,7 +443,19 @@ impl Store for RedisStore {
         upstream: &UpstreamId,
         state: MemberState,
     ) -> Result<(), StoreError> {
-        self.inner.set_member(pool, upstream, state).await
+        self.inner.set_member(pool, upstream, state, None).await
+    }
+
+    async fn apply_decision(
+        &self,
+        pool: &str,
+        upstream: &UpstreamId,
+        state: MemberState,
+        believed: MemberState,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .set_member(pool, upstream, state, Some(believed))
+            .await
     }
 
     async fn record(
