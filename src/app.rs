@@ -23,7 +23,7 @@ use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
-use crate::store::{AnyStore, Store};
+use crate::store::{AnyStore, MemberChange, Store};
 use crate::upstream::connect::{Connector, Resolve};
 use crate::upstream::reuse::ConnPool;
 use crate::upstream::tls::{self, TlsSetupError};
@@ -89,8 +89,10 @@ pub async fn health_tick(gw: &Gateway) {
 
 /// Applies member settings decided by other instances (shared store) to this instance's health
 /// view, so its `/status` and its own later decisions start from what the pool really is.
-async fn mirror_member_changes(gw: Arc<Gateway>) {
-    let mut changes = gw.store.subscribe_member_changes();
+async fn mirror_member_changes(
+    gw: Arc<Gateway>,
+    mut changes: tokio::sync::broadcast::Receiver<MemberChange>,
+) {
     loop {
         let change = tokio::select! {
             c = changes.recv() => c,
@@ -184,6 +186,9 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     if let AnyStore::Redis(redis) = &store {
         redis.first_contact().await.map_err(StartError::Store)?;
     }
+    // Before the pools are declared: declaring one adopts the settings other instances gave its
+    // members, which reach the health view as changes.
+    let member_changes = store.subscribe_member_changes();
     let health = health::Registry::default();
     let sources = crate::sources::Registry::default();
     sources.preload(&config);
@@ -362,7 +367,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     });
     listeners.spawn(crate::probe::prober::run(gw.clone(), runner.clone()));
     listeners.spawn(crate::sources::watch::run(gw.clone(), runner));
-    listeners.spawn(mirror_member_changes(gw.clone()));
+    listeners.spawn(mirror_member_changes(gw.clone(), member_changes));
     let sweeper = gw.clone();
     listeners.spawn(async move {
         let mut tick = tokio::time::interval(IDLE_SWEEP_INTERVAL);

@@ -391,6 +391,54 @@ async fn sessions_and_quarantines_are_shared_and_the_other_instance_does_not_pol
     );
 }
 
+/// An instance started after another quarantined an upstream shows it quarantined from the
+/// start, in its `/status`, instead of healthy until the next change.
+#[tokio::test]
+async fn an_instance_started_after_a_quarantine_reports_it() {
+    let Pair {
+        redis,
+        origin,
+        ups,
+        a,
+        b: _b,
+    } = pair(3, "").await;
+    let ca = client_via(&a);
+    let url = origin.url("/ok");
+    let victim = &ups[2];
+    let victim_id = victim.url();
+    victim.set_mode(ProxyMode::Captcha).await;
+    let mut flipped = false;
+    for _ in 0..200 {
+        get(&ca, &url, None).await;
+        if redis
+            .cli(&["HGET", "pg:{default}:state", &victim_id])
+            .starts_with("0|")
+        {
+            flipped = true;
+            break;
+        }
+    }
+    assert!(flipped, "A quarantined the captcha-serving upstream");
+    let urls: Vec<String> = ups.iter().map(|u| u.url()).collect();
+    let c = GatewayProcess::spawn(&config(&redis.url(), &urls, origin.port(), "")).await;
+    let state_of = |s: &serde_json::Value, id: &str| {
+        s["pools"][0]["upstreams"]
+            .as_array()
+            .and_then(|list| list.iter().find(|u| u["id"] == id))
+            .map(|u| u["state"].clone())
+    };
+    let status = status(&c).await;
+    assert_eq!(
+        state_of(&status, &victim_id),
+        Some(serde_json::json!("quarantined")),
+        "{status}"
+    );
+    assert_eq!(
+        state_of(&status, &ups[0].url()),
+        Some(serde_json::json!("healthy"))
+    );
+}
+
 /// Sends `rounds` plain requests from each of `clients` clients at once, alternating between the
 /// given clients' gateways; returns how many were answered 200.
 async fn load(via: &[reqwest::Client], url: &str, clients: usize, rounds: usize) -> usize {

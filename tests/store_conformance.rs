@@ -41,20 +41,7 @@ impl Backend {
                 let shared = Arc::new(AnyStore::Memory(MemoryStore::new()));
                 (0..n).map(|_| shared.clone()).collect()
             }
-            Backend::Redis(url) => (0..n)
-                .map(|i| {
-                    Arc::new(AnyStore::Redis(
-                        RedisStore::new(RedisSettings {
-                            url: url.clone(),
-                            timeout: TEST_STORE_TIMEOUT,
-                            key_prefix: "pgtest".into(),
-                            instance_id: format!("conformance-{i}-{:08x}", rand::random::<u32>()),
-                            tls: Default::default(),
-                        })
-                        .unwrap(),
-                    ))
-                })
-                .collect(),
+            Backend::Redis(url) => (0..n).map(|i| Arc::new(redis_store(url, i))).collect(),
         };
         for c in &clients {
             c.configure(spec.clone()).await.unwrap();
@@ -65,6 +52,20 @@ impl Backend {
     fn is_redis(&self) -> bool {
         matches!(self, Backend::Redis(_))
     }
+}
+
+/// A Redis store (an instance) on `url`, its pools not yet declared.
+fn redis_store(url: &str, i: usize) -> AnyStore {
+    AnyStore::Redis(
+        RedisStore::new(RedisSettings {
+            url: url.to_string(),
+            timeout: TEST_STORE_TIMEOUT,
+            key_prefix: "pgtest".into(),
+            instance_id: format!("conformance-{i}-{:08x}", rand::random::<u32>()),
+            tls: Default::default(),
+        })
+        .unwrap(),
+    )
 }
 
 /// Every answer came from the shared state, not from a degraded local view.
@@ -1287,6 +1288,48 @@ suite!(
     member_changes_reach_other_instances,
     listed_members_are_shared_and_announced,
 );
+
+/// An instance that starts serving a pool adopts the settings other instances gave its members
+/// before (a quarantine, a cost), and hands them to its subscribers as changes, so its health
+/// view starts from what the pool is; members in their default setting give no change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_an_instance_joining_a_pool_adopts_its_members_settings() {
+    let server = RedisServer::start().await;
+    let backend = Backend::Redis(server.url());
+    let (spec, m) = spec(
+        "joining",
+        4,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let first = backend.clients(1, &spec).await;
+    let out = MemberState {
+        eligible: false,
+        keeps_sessions: true,
+        cost: 1,
+    };
+    let dear = MemberState {
+        eligible: true,
+        keeps_sessions: true,
+        cost: 3,
+    };
+    first[0].set_member(&spec.name, &m[0], out).await.unwrap();
+    first[0].set_member(&spec.name, &m[2], dear).await.unwrap();
+
+    let late = redis_store(&server.url(), 9);
+    let mut heard = late.subscribe_member_changes();
+    late.configure(spec.clone()).await.unwrap();
+    let mut changes = Vec::new();
+    while let Ok(c) = heard.try_recv() {
+        changes.push((c.upstream, c.state));
+    }
+    changes.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    assert_eq!(changes, vec![(m[0].clone(), out), (m[2].clone(), dear)]);
+    // Declaring it again (a reload) adopts nothing more.
+    late.configure(spec.clone()).await.unwrap();
+    assert!(heard.try_recv().is_err());
+}
 
 /// A health decision made before its instance heard of another instance's quarantine does not
 /// undo it, even when the instance's store has heard of it by the time the decision is applied:

@@ -39,7 +39,7 @@ fn member_setting(field: &str) -> Option<MemberState> {
 impl Inner {
     pub(super) async fn configure(self: &Arc<Self>, spec: PoolSpec) -> Result<(), StoreError> {
         self.fallback.configure(spec.clone()).await?;
-        let p = {
+        let (p, new) = {
             let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
             match pools.get(&spec.name) {
                 Some(p) => {
@@ -47,12 +47,12 @@ impl Inner {
                     p.live
                         .reconfigure(&spec.members, !takes_unlisted_leases(&spec));
                     p.clear_stocks();
-                    p.clone()
+                    (p.clone(), false)
                 }
                 None => {
                     let p = Arc::new(PoolLocal::new(&self.prefix, &spec, &self.calls));
                     pools.insert(spec.name.clone(), p.clone());
-                    p
+                    (p, true)
                 }
             }
         };
@@ -85,6 +85,9 @@ impl Inner {
                 .is_ok_and(|r| r.is_ok());
                 if !heard {
                     tracing::warn!(pool = %spec.name, "not yet subscribed to the pool's redis events");
+                }
+                if new {
+                    self.adopt_member_settings(&p, &spec.name).await;
                 }
                 p.members_changed();
                 Ok(())
@@ -248,6 +251,51 @@ impl Inner {
             None => inv.arg(""),
         };
         self.eval(&inv, self.timeout).await
+    }
+
+    /// Settings other instances applied before this one served the pool (members out of service,
+    /// costs) become the local view and reach this instance's health view, as their events would
+    /// have. Read in pages once the pool's events are heard, so nothing decided meanwhile is
+    /// missed; a failed read leaves the view to the events to come.
+    async fn adopt_member_settings(&self, p: &PoolLocal, pool: &str) {
+        let members = p.spec.load().members.len();
+        let mut cursor = "0".to_string();
+        // HSCAN visits every field in about members / COUNT pages; the bound is a guard.
+        for _ in 0..members / 100 + 10 {
+            let page: Result<(String, Vec<String>), Fault> = self
+                .query(
+                    redis::cmd("HSCAN")
+                        .arg(&p.keys.state)
+                        .arg(&cursor)
+                        .arg("COUNT")
+                        .arg(1000),
+                )
+                .await;
+            let (next, fields) = match page {
+                Ok(page) => page,
+                Err(f) => {
+                    tracing::debug!(pool, error = ?f, "member settings not read at start");
+                    return;
+                }
+            };
+            for pair in fields.chunks_exact(2) {
+                let upstream = UpstreamId::new(pair[0].as_str());
+                let Some(state) = member_setting(&pair[1]) else {
+                    continue;
+                };
+                if self
+                    .fallback
+                    .member_state(pool, &upstream)
+                    .is_some_and(|local| local != state)
+                {
+                    self.member_changed_elsewhere(pool, upstream, state).await;
+                }
+            }
+            if next == "0" {
+                return;
+            }
+            cursor = next;
+        }
     }
 
     /// After a refused decision: what Redis holds for `upstream` becomes the local view, as if
