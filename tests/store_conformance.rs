@@ -1331,6 +1331,42 @@ async fn redis_an_instance_joining_a_pool_adopts_its_members_settings() {
     assert!(heard.try_recv().is_err());
 }
 
+/// An instance that declared a pool while Redis was out of its reach adopts, once it reaches
+/// Redis, the settings other instances made meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_an_instance_back_from_an_outage_adopts_what_others_decided() {
+    let server = RedisServer::start().await;
+    let backend = Backend::Redis(server.url());
+    let (spec, m) = spec(
+        "outage",
+        3,
+        Strategy::LeastUsed,
+        None,
+        Duration::from_secs(30),
+    );
+    let first = backend.clients(1, &spec).await;
+    let out = MemberState {
+        eligible: false,
+        keeps_sessions: true,
+        cost: 1,
+    };
+    first[0].set_member(&spec.name, &m[1], out).await.unwrap();
+
+    server.pause();
+    let late = redis_store(&server.url(), 9);
+    let mut heard = late.subscribe_member_changes();
+    late.configure(spec.clone()).await.unwrap();
+    assert_eq!(late.health(), "degraded");
+    assert!(heard.try_recv().is_err(), "nothing read while out of reach");
+    server.resume();
+    let change = tokio::time::timeout(Duration::from_secs(15), heard.recv())
+        .await
+        .expect("the quarantine adopted once Redis answers")
+        .unwrap();
+    assert_eq!((change.upstream, change.state), (m[1].clone(), out));
+    assert_eq!(late.health(), "ok");
+}
+
 /// A health decision made before its instance heard of another instance's quarantine does not
 /// undo it, even when the instance's store has heard of it by the time the decision is applied:
 /// what counts is what the decider knew. (Two instances seeing the same captchas: one

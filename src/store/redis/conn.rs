@@ -709,6 +709,11 @@ impl Inner {
             replayed += writes.len() + members.len();
             self.replay(writes, members).await?;
         }
+        // What other instances decided meanwhile, published while this one was not listening.
+        for p in self.all_pools() {
+            let name = p.spec.load().name.clone();
+            self.adopt_member_settings(&p, &name).await;
+        }
         let outage = locked(&self.degraded_since)
             .take()
             .map_or(0, |t| t.elapsed().as_millis() as u64);

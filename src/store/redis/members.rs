@@ -253,11 +253,12 @@ impl Inner {
         self.eval(&inv, self.timeout).await
     }
 
-    /// Settings other instances applied before this one served the pool (members out of service,
-    /// costs) become the local view and reach this instance's health view, as their events would
-    /// have. Read in pages once the pool's events are heard, so nothing decided meanwhile is
-    /// missed; a failed read leaves the view to the events to come.
-    async fn adopt_member_settings(&self, p: &PoolLocal, pool: &str) {
+    /// Settings other instances applied while this one did not hear their events (before it
+    /// served the pool, or while Redis was out of its reach) become the local view and reach its
+    /// health view, as their events would have. Read in pages once the pool's events are heard,
+    /// so nothing decided meanwhile is missed; a failed read leaves the view to the events to
+    /// come.
+    pub(super) async fn adopt_member_settings(&self, p: &PoolLocal, pool: &str) {
         let members = p.spec.load().members.len();
         let mut cursor = "0".to_string();
         // HSCAN visits every field in about members / COUNT pages; the bound is a guard.
