@@ -54,6 +54,20 @@ impl Backend {
     }
 }
 
+/// A member out of service that keeps its sessions: what a health quarantine sets.
+const QUARANTINED: MemberState = MemberState {
+    eligible: false,
+    keeps_sessions: true,
+    cost: 1,
+};
+
+/// A member out of service that gives up its sessions: what a dead verdict sets.
+const DEAD: MemberState = MemberState {
+    eligible: false,
+    keeps_sessions: false,
+    cost: 1,
+};
+
 /// A Redis store (an instance) on `url`, its pools not yet declared.
 fn redis_store(url: &str, i: usize) -> AnyStore {
     AnyStore::Redis(
@@ -325,17 +339,7 @@ async fn exclusion_and_no_candidates(b: &Backend) {
         release(s, &spec.name, &g).await;
         // Nobody eligible is no candidate either.
         for id in &m {
-            s.set_member(
-                &spec.name,
-                id,
-                MemberState {
-                    eligible: false,
-                    keeps_sessions: true,
-                    cost: 1,
-                },
-            )
-            .await
-            .unwrap();
+            s.set_member(&spec.name, id, QUARANTINED).await.unwrap();
         }
         assert_eq!(
             s.acquire(&spec.name, ANY).await.unwrap(),
@@ -563,11 +567,7 @@ async fn session_count_follows_bindings(b: &Backend) {
     assert_eq!(sessions_live(&c[0], pool).await, 2);
 
     // A rebind (the bound member dead) replaces the binding.
-    let dead = MemberState {
-        eligible: false,
-        keeps_sessions: false,
-        cost: 1,
-    };
+    let dead = DEAD;
     c[0].set_member(pool, &m[0], dead).await.unwrap();
     let g = sticky_once(&c[1], pool, session("a", long, &p1, true)).await;
     assert_eq!((g.upstream, g.bound_now), (m[1].clone(), true));
@@ -650,11 +650,7 @@ async fn acquire_within_a_subset(b: &Backend) {
         release(&c[0], &spec.name, g).await;
     }
     // Both members out of service: nothing to choose inside the filter.
-    let out = MemberState {
-        eligible: false,
-        keeps_sessions: false,
-        cost: 1,
-    };
+    let out = DEAD;
     for id in &us {
         c[0].set_member(&spec.name, id, out).await.unwrap();
     }
@@ -724,11 +720,7 @@ async fn session_unavailable_and_rebind(b: &Backend) {
     assert_eq!(g.upstream, m[0]);
     release(&c[0], &spec.name, &g).await;
     // Quarantined: the session keeps it (no teleporting), new sessions go elsewhere.
-    let quarantined = MemberState {
-        eligible: false,
-        keeps_sessions: true,
-        cost: 1,
-    };
+    let quarantined = QUARANTINED;
     c[0].set_member(&spec.name, &m[0], quarantined)
         .await
         .unwrap();
@@ -747,11 +739,7 @@ async fn session_unavailable_and_rebind(b: &Backend) {
     assert_eq!((g.upstream.clone(), g.bound_now), (m[1].clone(), true));
     release(&c[1], &spec.name, &g).await;
     // Dead: the session fails clearly, unless the pool rebinds.
-    let dead = MemberState {
-        eligible: false,
-        keeps_sessions: false,
-        cost: 1,
-    };
+    let dead = DEAD;
     c[1].set_member(&spec.name, &m[0], dead).await.unwrap();
     assert_eq!(
         c[0].acquire(&spec.name, session("k", ttl, &pref, false))
@@ -811,17 +799,7 @@ async fn new_sessions_pass_over_members_at_their_cap(b: &Backend) {
     );
     assert_eq!((g.upstream.clone(), g.bound_now), (m[1].clone(), true));
     // m2 out of service: the next new key passes over it as well as over m0 and m1 (held).
-    c[1].set_member(
-        pool,
-        &m[2],
-        MemberState {
-            eligible: false,
-            keeps_sessions: true,
-            cost: 1,
-        },
-    )
-    .await
-    .unwrap();
+    c[1].set_member(pool, &m[2], QUARANTINED).await.unwrap();
     let g3 = granted(
         c[0].acquire(pool, session("third", ttl, &order, false))
             .await
@@ -864,11 +842,7 @@ async fn set_member_eligibility_and_returning_score(b: &Backend) {
         let g = granted(c[0].acquire(pool, ANY).await.unwrap());
         release(&c[0], pool, &g).await;
     }
-    let out = MemberState {
-        eligible: false,
-        keeps_sessions: true,
-        cost: 1,
-    };
+    let out = QUARANTINED;
     c[1].set_member(pool, &m[0], out).await.unwrap();
     if b.is_redis() {
         // c[0] restores the member below. Until it has heard of this quarantine, its restore
@@ -1143,11 +1117,7 @@ async fn member_changes_reach_other_instances(b: &Backend) {
     let c = b.clients(2, &spec).await;
     let mut theirs = c[1].subscribe_member_changes();
     let mut mine = c[0].subscribe_member_changes();
-    let out = MemberState {
-        eligible: false,
-        keeps_sessions: true,
-        cost: 1,
-    };
+    let out = QUARANTINED;
     let started = Instant::now();
     c[0].set_member(&spec.name, &m[0], out).await.unwrap();
     if b.is_redis() {
@@ -1304,11 +1274,7 @@ async fn redis_an_instance_joining_a_pool_adopts_its_members_settings() {
         Duration::from_secs(30),
     );
     let first = backend.clients(1, &spec).await;
-    let out = MemberState {
-        eligible: false,
-        keeps_sessions: true,
-        cost: 1,
-    };
+    let out = QUARANTINED;
     let dear = MemberState {
         eligible: true,
         keeps_sessions: true,
@@ -1345,11 +1311,7 @@ async fn redis_an_instance_back_from_an_outage_adopts_what_others_decided() {
         Duration::from_secs(30),
     );
     let first = backend.clients(1, &spec).await;
-    let out = MemberState {
-        eligible: false,
-        keeps_sessions: true,
-        cost: 1,
-    };
+    let out = QUARANTINED;
     first[0].set_member(&spec.name, &m[1], out).await.unwrap();
 
     server.pause();
@@ -1386,11 +1348,7 @@ async fn redis_a_decision_made_before_a_quarantine_was_heard_does_not_undo_it() 
     let c = backend.clients(2, &spec).await;
     let pool = &spec.name;
     let mut heard = c[0].subscribe_member_changes();
-    let out = MemberState {
-        eligible: false,
-        keeps_sessions: true,
-        cost: 1,
-    };
+    let out = QUARANTINED;
     c[1].set_member(pool, &m[0], out).await.unwrap();
     let change = tokio::time::timeout(Duration::from_secs(2), heard.recv())
         .await
@@ -1688,11 +1646,7 @@ async fn grants_taken_ahead(within: Option<&[usize]>) {
     );
     assert_eq!(burst.len() + next.len(), 70);
 
-    let out = MemberState {
-        eligible: false,
-        keeps_sessions: false,
-        cost: 1,
-    };
+    let out = DEAD;
     c[0].set_member(&spec.name, &m[0], out).await.unwrap();
     let mut after = acquire_together_within(&c[0], &spec.name, 40, subset.as_ref()).await;
     for _ in 0..10 {
