@@ -462,7 +462,7 @@ impl Run {
                 cost,
             },
         };
-        self.a.set_member(POOL, &up, state).await.unwrap();
+        self.a.set_member(POOL, &up, state, None).await.unwrap();
     }
 
     /// Another gateway's report of its unlisted leases: alive, or lapsed.

@@ -339,7 +339,9 @@ async fn exclusion_and_no_candidates(b: &Backend) {
         release(s, &spec.name, &g).await;
         // Nobody eligible is no candidate either.
         for id in &m {
-            s.set_member(&spec.name, id, QUARANTINED).await.unwrap();
+            s.set_member(&spec.name, id, QUARANTINED, None)
+                .await
+                .unwrap();
         }
         assert_eq!(
             s.acquire(&spec.name, ANY).await.unwrap(),
@@ -420,6 +422,7 @@ async fn strategies_rotate(b: &Backend) {
             keeps_sessions: true,
             cost: 2,
         },
+        None,
     )
     .await
     .unwrap();
@@ -568,7 +571,7 @@ async fn session_count_follows_bindings(b: &Backend) {
 
     // A rebind (the bound member dead) replaces the binding.
     let dead = DEAD;
-    c[0].set_member(pool, &m[0], dead).await.unwrap();
+    c[0].set_member(pool, &m[0], dead, None).await.unwrap();
     let g = sticky_once(&c[1], pool, session("a", long, &p1, true)).await;
     assert_eq!((g.upstream, g.bound_now), (m[1].clone(), true));
     assert_eq!(sessions_live(&c[0], pool).await, 2, "a rebind");
@@ -652,14 +655,14 @@ async fn acquire_within_a_subset(b: &Backend) {
     // Both members out of service: nothing to choose inside the filter.
     let out = DEAD;
     for id in &us {
-        c[0].set_member(&spec.name, id, out).await.unwrap();
+        c[0].set_member(&spec.name, id, out, None).await.unwrap();
     }
     assert_eq!(
         c[1].acquire(&spec.name, any).await.unwrap(),
         Acquired::NoCandidates
     );
     for id in &us {
-        c[0].set_member(&spec.name, id, MemberState::IN_SERVICE)
+        c[0].set_member(&spec.name, id, MemberState::IN_SERVICE, None)
             .await
             .unwrap();
     }
@@ -721,7 +724,7 @@ async fn session_unavailable_and_rebind(b: &Backend) {
     release(&c[0], &spec.name, &g).await;
     // Quarantined: the session keeps it (no teleporting), new sessions go elsewhere.
     let quarantined = QUARANTINED;
-    c[0].set_member(&spec.name, &m[0], quarantined)
+    c[0].set_member(&spec.name, &m[0], quarantined, None)
         .await
         .unwrap();
     let g = granted(
@@ -740,7 +743,9 @@ async fn session_unavailable_and_rebind(b: &Backend) {
     release(&c[1], &spec.name, &g).await;
     // Dead: the session fails clearly, unless the pool rebinds.
     let dead = DEAD;
-    c[1].set_member(&spec.name, &m[0], dead).await.unwrap();
+    c[1].set_member(&spec.name, &m[0], dead, None)
+        .await
+        .unwrap();
     assert_eq!(
         c[0].acquire(&spec.name, session("k", ttl, &pref, false))
             .await
@@ -799,7 +804,9 @@ async fn new_sessions_pass_over_members_at_their_cap(b: &Backend) {
     );
     assert_eq!((g.upstream.clone(), g.bound_now), (m[1].clone(), true));
     // m2 out of service: the next new key passes over it as well as over m0 and m1 (held).
-    c[1].set_member(pool, &m[2], QUARANTINED).await.unwrap();
+    c[1].set_member(pool, &m[2], QUARANTINED, None)
+        .await
+        .unwrap();
     let g3 = granted(
         c[0].acquire(pool, session("third", ttl, &order, false))
             .await
@@ -843,7 +850,7 @@ async fn set_member_eligibility_and_returning_score(b: &Backend) {
         release(&c[0], pool, &g).await;
     }
     let out = QUARANTINED;
-    c[1].set_member(pool, &m[0], out).await.unwrap();
+    c[1].set_member(pool, &m[0], out, None).await.unwrap();
     if b.is_redis() {
         // c[0] restores the member below. Until it has heard of this quarantine, its restore
         // would be a decision on a stale view, which Redis refuses by design.
@@ -862,7 +869,7 @@ async fn set_member_eligibility_and_returning_score(b: &Backend) {
     assert_eq!(a[m[0].as_str()], 1, "{a:?}");
     assert_eq!(a[m[1].as_str()], 11, "{a:?}");
     // Returning: max(its old score, the current minimum), so it is not flooded.
-    c[0].set_member(pool, &m[0], MemberState::IN_SERVICE)
+    c[0].set_member(pool, &m[0], MemberState::IN_SERVICE, None)
         .await
         .unwrap();
     let a = allocations(&c[1], pool).await;
@@ -876,6 +883,7 @@ async fn set_member_eligibility_and_returning_score(b: &Backend) {
             keeps_sessions: true,
             cost: 2,
         },
+        None,
     )
     .await
     .unwrap();
@@ -1119,7 +1127,7 @@ async fn member_changes_reach_other_instances(b: &Backend) {
     let mut mine = c[0].subscribe_member_changes();
     let out = QUARANTINED;
     let started = Instant::now();
-    c[0].set_member(&spec.name, &m[0], out).await.unwrap();
+    c[0].set_member(&spec.name, &m[0], out, None).await.unwrap();
     if b.is_redis() {
         let change = tokio::time::timeout(Duration::from_secs(2), theirs.recv())
             .await
@@ -1137,7 +1145,7 @@ async fn member_changes_reach_other_instances(b: &Backend) {
         eprintln!("member change delivered to the other instance in {took:?}");
         assert!(took < Duration::from_millis(100), "took {took:?}");
         // Applying the same setting again publishes nothing.
-        c[1].set_member(&spec.name, &m[0], out).await.unwrap();
+        c[1].set_member(&spec.name, &m[0], out, None).await.unwrap();
     }
     // An instance does not hear its own decisions back.
     assert!(
@@ -1280,8 +1288,14 @@ async fn redis_an_instance_joining_a_pool_adopts_its_members_settings() {
         keeps_sessions: true,
         cost: 3,
     };
-    first[0].set_member(&spec.name, &m[0], out).await.unwrap();
-    first[0].set_member(&spec.name, &m[2], dear).await.unwrap();
+    first[0]
+        .set_member(&spec.name, &m[0], out, None)
+        .await
+        .unwrap();
+    first[0]
+        .set_member(&spec.name, &m[2], dear, None)
+        .await
+        .unwrap();
 
     let late = redis_store(&server.url(), 9);
     let mut heard = late.subscribe_member_changes();
@@ -1312,7 +1326,10 @@ async fn redis_an_instance_back_from_an_outage_adopts_what_others_decided() {
     );
     let first = backend.clients(1, &spec).await;
     let out = QUARANTINED;
-    first[0].set_member(&spec.name, &m[1], out).await.unwrap();
+    first[0]
+        .set_member(&spec.name, &m[1], out, None)
+        .await
+        .unwrap();
 
     server.pause();
     let late = redis_store(&server.url(), 9);
@@ -1349,7 +1366,7 @@ async fn redis_a_decision_made_before_a_quarantine_was_heard_does_not_undo_it() 
     let pool = &spec.name;
     let mut heard = c[0].subscribe_member_changes();
     let out = QUARANTINED;
-    c[1].set_member(pool, &m[0], out).await.unwrap();
+    c[1].set_member(pool, &m[0], out, None).await.unwrap();
     let change = tokio::time::timeout(Duration::from_secs(2), heard.recv())
         .await
         .expect("the quarantine reached the other instance")
@@ -1360,7 +1377,7 @@ async fn redis_a_decision_made_before_a_quarantine_was_heard_does_not_undo_it() 
         keeps_sessions: true,
         cost: 2,
     };
-    c[0].apply_decision(pool, &m[0], degraded, MemberState::IN_SERVICE)
+    c[0].set_member(pool, &m[0], degraded, Some(MemberState::IN_SERVICE))
         .await
         .unwrap();
     let state = server.cli(&["HGET", &format!("pgtest:{{{pool}}}:state"), m[0].as_str()]);
@@ -1373,7 +1390,7 @@ async fn redis_a_decision_made_before_a_quarantine_was_heard_does_not_undo_it() 
         assert_ne!(g.upstream, m[0], "a quarantined member is no candidate");
         release(&c[i % 2], pool, &g).await;
     }
-    c[0].apply_decision(pool, &m[0], MemberState::IN_SERVICE, out)
+    c[0].set_member(pool, &m[0], MemberState::IN_SERVICE, Some(out))
         .await
         .unwrap();
     let state = server.cli(&["HGET", &format!("pgtest:{{{pool}}}:state"), m[0].as_str()]);
@@ -1647,7 +1664,7 @@ async fn grants_taken_ahead(within: Option<&[usize]>) {
     assert_eq!(burst.len() + next.len(), 70);
 
     let out = DEAD;
-    c[0].set_member(&spec.name, &m[0], out).await.unwrap();
+    c[0].set_member(&spec.name, &m[0], out, None).await.unwrap();
     let mut after = acquire_together_within(&c[0], &spec.name, 40, subset.as_ref()).await;
     for _ in 0..10 {
         after.push(one().await);

@@ -285,7 +285,7 @@ async fn run_case(backend: &Backend<'_>, case: Case, ops: &[Op]) {
                         },
                         _ => MemberState::IN_SERVICE,
                     };
-                    clients[0].set_member(&name, id, s).await.unwrap();
+                    clients[0].set_member(&name, id, s, None).await.unwrap();
                     m.eligible.insert(id.clone(), Some(s.eligible));
                 }
             }
@@ -328,7 +328,7 @@ async fn run_case(backend: &Backend<'_>, case: Case, ops: &[Op]) {
     }
     for id in &all {
         clients[0]
-            .set_member(&name, id, MemberState::IN_SERVICE)
+            .set_member(&name, id, MemberState::IN_SERVICE, None)
             .await
             .unwrap();
     }

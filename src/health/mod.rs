@@ -58,7 +58,7 @@ impl Registry {
 pub async fn apply<S: Store>(store: &S, pool: &str, changes: Vec<Change>) {
     for c in changes {
         if let Err(e) = store
-            .apply_decision(pool, &c.upstream, c.member, c.believed)
+            .set_member(pool, &c.upstream, c.member, Some(c.believed))
             .await
         {
             tracing::warn!(pool, upstream = %c.upstream, error = %e, "could not apply a health decision to the store");

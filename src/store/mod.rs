@@ -223,28 +223,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Applies a health decision to a member. A member that becomes eligible again starts at
     /// max(its old allocation count, the pool's current minimum), so it is not flooded.
+    /// `believed` is the setting the decider last knew the member to have (`None`: what this
+    /// instance's view shows now). A shared store refuses a decision that would bring the member
+    /// back towards service when another instance has moved it out since: the decider had not
+    /// heard of that yet, even if this instance's view has. A store of one instance has nobody
+    /// to race.
     fn set_member(
         &self,
         pool: &str,
         upstream: &UpstreamId,
         state: MemberState,
+        believed: Option<MemberState>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// [`Store::set_member`] for a decision made from `believed`, the setting its decider last
-    /// knew the member to have. A shared store refuses one that would bring the member back
-    /// towards service when another instance has moved it out since: the decider had not heard
-    /// of that yet, even if this instance's local view has. A store of one instance has nobody
-    /// to race, and applies it as `set_member` does.
-    fn apply_decision(
-        &self,
-        pool: &str,
-        upstream: &UpstreamId,
-        state: MemberState,
-        believed: MemberState,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = believed;
-        self.set_member(pool, upstream, state)
-    }
 
     /// Ends a session: its binding is deleted, whatever it points at.
     fn end_session(
@@ -460,18 +450,9 @@ impl Store for AnyStore {
         pool: &str,
         upstream: &UpstreamId,
         state: MemberState,
+        believed: Option<MemberState>,
     ) -> Result<(), StoreError> {
-        dispatch!(self, s => s.set_member(pool, upstream, state).await)
-    }
-
-    async fn apply_decision(
-        &self,
-        pool: &str,
-        upstream: &UpstreamId,
-        state: MemberState,
-        believed: MemberState,
-    ) -> Result<(), StoreError> {
-        dispatch!(self, s => s.apply_decision(pool, upstream, state, believed).await)
+        dispatch!(self, s => s.set_member(pool, upstream, state, believed).await)
     }
 
     async fn end_session(&self, pool: &str, key: &str) -> Result<bool, StoreError> {

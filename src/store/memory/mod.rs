@@ -254,6 +254,7 @@ impl Store for MemoryStore {
         pool: &str,
         upstream: &UpstreamId,
         state: MemberState,
+        _believed: Option<MemberState>,
     ) -> Result<(), StoreError> {
         let entry = self.entry(pool)?;
         lock(&entry).set_member(upstream, state);

@@ -114,7 +114,9 @@ impl Inner {
         locked(&p.applied).insert(upstream.clone(), state);
         p.clear_stocks();
         let believed = believed.or_else(|| self.fallback.member_state(pool, upstream));
-        self.fallback.set_member(pool, upstream, state).await?;
+        self.fallback
+            .set_member(pool, upstream, state, None)
+            .await?;
         let deferred = || Deferred::Member {
             pool: pool.to_string(),
             upstream: upstream.clone(),
@@ -331,7 +333,7 @@ impl Inner {
             keeps_sessions = state.keeps_sessions, cost = state.cost,
             "member setting from another instance"
         );
-        if let Err(e) = self.fallback.set_member(pool, &upstream, state).await {
+        if let Err(e) = self.fallback.set_member(pool, &upstream, state, None).await {
             tracing::debug!(pool, error = %e, "member change for a pool this instance does not serve");
             return;
         }

@@ -442,20 +442,9 @@ impl Store for RedisStore {
         pool: &str,
         upstream: &UpstreamId,
         state: MemberState,
+        believed: Option<MemberState>,
     ) -> Result<(), StoreError> {
-        self.inner.set_member(pool, upstream, state, None).await
-    }
-
-    async fn apply_decision(
-        &self,
-        pool: &str,
-        upstream: &UpstreamId,
-        state: MemberState,
-        believed: MemberState,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .set_member(pool, upstream, state, Some(believed))
-            .await
+        self.inner.set_member(pool, upstream, state, believed).await
     }
 
     async fn record(
