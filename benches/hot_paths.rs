@@ -184,6 +184,7 @@ fn memory_store_strategy(
             strategy,
             max_concurrency: None,
             lease_ttl: Duration::from_secs(600),
+            shards: 1,
         };
         rt.block_on(store.configure(spec))
             .expect("configure the pool");

@@ -72,6 +72,7 @@ async fn store(redis: Option<&str>, strategy: Strategy) -> Result<Arc<AnyStore>,
             // takes: no stock of unlisted leases).
             max_concurrency: Some(1000),
             lease_ttl: Duration::from_secs(60),
+            shards: 1,
         })
         .await?;
     Ok(Arc::new(store))

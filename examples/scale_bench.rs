@@ -108,6 +108,7 @@ fn spec() -> PoolSpec {
         strategy: Strategy::LeastUsed,
         max_concurrency: None,
         lease_ttl: Duration::from_secs(60),
+        shards: 1,
     }
 }
 
@@ -698,6 +699,7 @@ fn leastconn_spec(n: usize) -> PoolSpec {
         strategy: Strategy::LeastConnections,
         max_concurrency: None,
         lease_ttl: Duration::from_secs(60),
+        shards: 1,
     }
 }
 

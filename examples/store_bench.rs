@@ -45,6 +45,7 @@ fn spec() -> PoolSpec {
         strategy: Strategy::LeastUsed,
         max_concurrency: None,
         lease_ttl: Duration::from_secs(60),
+        shards: 1,
     }
 }
 

@@ -23,6 +23,7 @@ use crate::pool::PoolSet;
 use crate::state::Gateway;
 use crate::store::memory::MemoryStore;
 use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::shard::Sharded;
 use crate::store::{AnyStore, MemberChange, Store};
 use crate::upstream::connect::{Connector, Resolve};
 use crate::upstream::reuse::ConnPool;
@@ -186,6 +187,7 @@ pub async fn start_with(config: Config, options: StartOptions) -> Result<Running
     if let AnyStore::Redis(redis) = &store {
         redis.first_contact().await.map_err(StartError::Store)?;
     }
+    let store = Sharded::new(store);
     // Before the pools are declared: declaring one adopts the settings other instances gave its
     // members, which reach the health view as changes.
     let member_changes = store.subscribe_member_changes();

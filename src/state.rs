@@ -17,7 +17,7 @@ use crate::intercept::Interceptor;
 use crate::limits::ClientConns;
 use crate::metrics::Metrics;
 use crate::pool::PoolSet;
-use crate::store::AnyStore;
+use crate::store::GatewayStore;
 use crate::upstream::connect::Connector;
 use crate::upstream::reuse::ConnPool;
 
@@ -45,7 +45,7 @@ pub struct Gateway {
     pub tunnels_stop: CancellationToken,
     /// Read once per request without a lock; replaced whole on reload.
     pub pools: ArcSwap<PoolSet>,
-    pub store: Arc<AnyStore>,
+    pub store: Arc<GatewayStore>,
     /// Every pool's passive health.
     pub health: health::Registry,
     /// Members admitted from every pool's upstream lists, and the lists' status.

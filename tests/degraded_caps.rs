@@ -42,6 +42,7 @@ fn spec(members: Vec<UpstreamId>, strategy: Strategy) -> PoolSpec {
         strategy,
         max_concurrency: Some(CAP),
         lease_ttl: Duration::from_secs(60),
+        shards: 1,
     }
 }
 

@@ -39,6 +39,7 @@ impl Sim {
                 strategy: Strategy::LeastUsed,
                 max_concurrency: None,
                 lease_ttl: Duration::from_secs(60),
+                shards: 1,
             })
             .await
             .unwrap();

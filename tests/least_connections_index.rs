@@ -557,6 +557,7 @@ async fn run(redis: &RedisServer, seed: u64) {
         strategy: Strategy::LeastConnections,
         max_concurrency: None,
         lease_ttl: LEASE_TTL,
+        shards: 1,
     };
     let a = store(&redis.url(), &format!("lc-a-{seed}"));
     a.configure(spec.clone()).await.unwrap();

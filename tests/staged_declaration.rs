@@ -52,6 +52,7 @@ fn spec(pool: &str, members: Vec<UpstreamId>, strategy: Strategy) -> PoolSpec {
         strategy,
         max_concurrency: None,
         lease_ttl: Duration::from_secs(600),
+        shards: 1,
     }
 }
 

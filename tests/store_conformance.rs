@@ -110,6 +110,7 @@ fn spec(
             strategy,
             max_concurrency: cap,
             lease_ttl,
+            shards: 1,
         },
         members,
     )

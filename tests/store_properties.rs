@@ -175,6 +175,7 @@ async fn run_case(backend: &Backend<'_>, case: Case, ops: &[Op]) {
         strategy: case.strategy,
         max_concurrency: Some(case.cap),
         lease_ttl: timing.lease_ttl,
+        shards: 1,
     };
     for c in &clients {
         c.configure(spec(all.clone())).await.unwrap();

@@ -59,6 +59,8 @@ pub const MIN_UPSTREAMS_URL_INTERVAL_MS: u64 = 10_000;
 pub const DEFAULT_ADMISSION_CONCURRENCY: usize = 16;
 pub const MAX_ADMISSION_CONCURRENCY: usize = 256;
 pub const MAX_RETRIES: u32 = 10;
+/// Store pools one pool may be spread over (`pools.<name>.shards`).
+pub const MAX_SHARDS: u32 = 64;
 /// Highest rate limit accepted (requests per second); one request per microsecond.
 pub const MAX_RATE_LIMIT_PER_S: f64 = 1_000_000.0;
 /// Requests that may pass at once before a rate limit spaces them; 1 spaces every request evenly.

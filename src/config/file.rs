@@ -208,6 +208,7 @@ pub(super) struct FilePool {
     pub(super) admission: Option<FileAdmission>,
     pub(super) strategy: Option<String>,
     pub(super) max_concurrency: Option<u32>,
+    pub(super) shards: Option<u32>,
     pub(super) queue_timeout: Option<String>,
     pub(super) session_ttl: Option<String>,
     pub(super) lease_ttl: Option<String>,

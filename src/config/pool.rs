@@ -10,7 +10,7 @@ use crate::upstream::{Labels, Upstream};
 
 use super::defaults::{
     DEFAULT_LEASE_TTL_MS, DEFAULT_QUEUE_TIMEOUT_MS, DEFAULT_RETRIES, DEFAULT_SESSION_TTL_MS,
-    MAX_RETRIES, MAX_SESSION_TTL_MS, MIN_LEASE_TTL_MS,
+    MAX_RETRIES, MAX_SESSION_TTL_MS, MAX_SHARDS, MIN_LEASE_TTL_MS,
 };
 use super::file::{FilePool, FileUpstream};
 use super::validate::Validator;
@@ -49,6 +49,9 @@ pub struct PoolConfig {
     pub strategy: Strategy,
     /// Live leases allowed per upstream across all instances; `None` is unlimited.
     pub max_concurrency: Option<NonZeroU32>,
+    /// Store pools the pool's state is spread over (each its own Redis Cluster slot); 1 keeps
+    /// it in one ([`crate::store::shard`]).
+    pub shards: u32,
     pub queue_timeout: Duration,
     pub session_ttl: Duration,
     pub lease_ttl: Duration,
@@ -186,6 +189,13 @@ impl Validator {
             }
             Some(n) => NonZeroU32::new(n),
         };
+        let shards = p.shards.unwrap_or(1);
+        if !(1..=MAX_SHARDS).contains(&shards) {
+            self.problem(
+                &key("shards"),
+                format!("must be 1 to {MAX_SHARDS} (1 keeps the pool in one Redis hash slot)"),
+            );
+        }
         let session_ttl = self.duration(
             &key("session_ttl"),
             p.session_ttl.as_deref(),
@@ -249,6 +259,7 @@ impl Validator {
             sources,
             strategy,
             max_concurrency,
+            shards: shards.clamp(1, MAX_SHARDS),
             queue_timeout: self.duration(
                 &key("queue_timeout"),
                 p.queue_timeout.as_deref(),

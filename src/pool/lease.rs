@@ -25,7 +25,7 @@ use crate::meter::Tap;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::pool::Pool;
-use crate::store::{AnyStore, Grant, Store};
+use crate::store::{GatewayStore, Grant, Store};
 use crate::upstream::Upstream;
 
 pub struct Lease {
@@ -33,7 +33,7 @@ pub struct Lease {
 }
 
 struct Held {
-    store: Arc<AnyStore>,
+    store: Arc<GatewayStore>,
     tasks: TaskTracker,
     metrics: Arc<Metrics>,
     pool: Arc<Pool>,
@@ -58,7 +58,7 @@ impl Lease {
     /// A lease on `grant`, released to `store` (on `tasks` when the release waits) and counted
     /// in `metrics`.
     pub(crate) fn new(
-        store: Arc<AnyStore>,
+        store: Arc<GatewayStore>,
         tasks: TaskTracker,
         metrics: Arc<Metrics>,
         pool: Arc<Pool>,

@@ -94,6 +94,7 @@ impl Pool {
             strategy: self.config.strategy,
             max_concurrency: self.config.max_concurrency.map(|n| n.get()),
             lease_ttl: self.config.lease_ttl,
+            shards: self.config.shards,
         }
     }
 }

@@ -22,8 +22,8 @@ use crate::state::Gateway;
 use crate::store::{Acquired, Grant, Store, Want};
 use crate::upstream::{Upstream, UpstreamId};
 
-/// How many members of a session's consistent-hash order are offered to the store at first; the
-/// store binds the first one in service and below its cap. When none of them is, the offer grows
+/// How many members of a session's consistent-hash order are offered to the store at first (per
+/// shard of the pool); the store binds the first one in service and below its cap. When none of them is, the offer grows
 /// fourfold (up to the whole pool) before the request waits or fails, so a new session is never
 /// refused while a member further along its order could take it.
 const PREFERRED_CANDIDATES: usize = 4;
@@ -118,7 +118,9 @@ pub async fn acquire(
     // wait is not missed; and only once an ask found every candidate at its cap, so that the
     // usual first ask, which finds capacity, neither registers nor looks up the signal.
     let mut waiter: Option<Pin<Box<OwnedNotified>>> = None;
-    let mut offer = PREFERRED_CANDIDATES;
+    // A sharded pool binds a session within its shard, among the offered members that live
+    // there: offer enough that about PREFERRED_CANDIDATES do.
+    let mut offer = PREFERRED_CANDIDATES * pool.config.shards as usize;
     // Granted members that no config of this instance lists, asked again without.
     let mut unknown: Vec<UpstreamId> = Vec::new();
     loop {

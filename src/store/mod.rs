@@ -8,6 +8,7 @@
 pub mod job_lock;
 pub mod memory;
 pub mod redis;
+pub mod shard;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -30,6 +31,9 @@ pub struct PoolSpec {
     pub max_concurrency: Option<u32>,
     /// A lease not released or extended by then is void: its gateway is presumed dead.
     pub lease_ttl: Duration,
+    /// Store pools the pool is spread over ([`shard`]); 1 is one pool. Backends see 1: the
+    /// shards are [`shard::Sharded`]'s business.
+    pub shards: u32,
 }
 
 /// How the allocator treats a member, as health decided.
@@ -343,8 +347,13 @@ pub(crate) fn member_status(
     }
 }
 
+/// The store the gateway uses: the configured backend, with sharded pools routed.
+pub type GatewayStore = shard::Sharded<AnyStore>;
+
 /// The configured backend. An enum rather than a trait object: the trait's async methods are not
 /// object-safe, and a match costs nothing on the hot path.
+// One per process: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyStore {
     Memory(memory::MemoryStore),
     Redis(redis::RedisStore),

@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
+use super::shard::Signals;
 use super::{
     Acquired, HEALTH_OK, LeaseId, LockToken, MemberChange, MemberState, PoolSpec, PoolStatus,
     Store, StoreError, Want,
@@ -35,6 +36,8 @@ pub struct MemoryStore {
     listed: Mutex<HashMap<String, String>>,
     /// Never sent to, like `changes`.
     listed_changes: broadcast::Sender<String>,
+    /// The pools' release signals, one for all shards of a pool.
+    signals: Signals,
 }
 
 impl Default for MemoryStore {
@@ -45,6 +48,7 @@ impl Default for MemoryStore {
             changes: broadcast::channel(1).0,
             listed: Mutex::default(),
             listed_changes: broadcast::channel(1).0,
+            signals: Signals::default(),
         }
     }
 }
@@ -175,12 +179,13 @@ impl Store for MemoryStore {
             return Ok(());
         }
         let name = spec.name.clone();
+        let released = self.signals.of(&name);
         let state = PoolState::new(spec, Instant::now());
         pools.insert(
             name,
             Arc::new(PoolEntry {
                 state: Mutex::new(state),
-                released: Arc::new(Notify::new()),
+                released,
                 wake_at: Mutex::new(None),
             }),
         );
@@ -388,6 +393,7 @@ mod tests {
             strategy,
             max_concurrency: cap,
             lease_ttl: Duration::from_secs(10),
+            shards: 1,
         })
         .await
         .unwrap();
@@ -530,6 +536,7 @@ mod tests {
             strategy: Strategy::LeastUsed,
             max_concurrency: Some(2),
             lease_ttl: Duration::from_secs(10),
+            shards: 1,
         })
         .await
         .unwrap();
@@ -641,6 +648,7 @@ mod tests {
             strategy: Strategy::RoundRobin,
             max_concurrency: cap,
             lease_ttl: Duration::from_secs(10),
+            shards: 1,
         };
         s.configure(spec(Some(1))).await.unwrap();
         let second = granted(s.acquire("p", any()).await.unwrap());
@@ -838,6 +846,7 @@ mod tests {
             strategy: Strategy::LeastUsed,
             max_concurrency: None,
             lease_ttl: Duration::from_secs(10),
+            shards: 1,
         })
         .await
         .unwrap();

@@ -890,6 +890,7 @@ mod tests {
             strategy: Strategy::LeastConnections,
             max_concurrency: None,
             lease_ttl: Duration::from_secs(30),
+            shards: 1,
         };
         let mut st = PoolState::new(spec, now);
         for n in 0..MAX_SUBSETS + 8 {
@@ -954,6 +955,7 @@ mod tests {
             strategy: Strategy::LeastConnections,
             max_concurrency: Some(3),
             lease_ttl: Duration::from_secs(30),
+            shards: 1,
         };
         let mut st = PoolState::new(spec.clone(), now);
         // Overlapping filters, as `country=us` and `country=us,type=mobile` would be.
@@ -1032,6 +1034,7 @@ mod tests {
             strategy: Strategy::LeastConnections,
             max_concurrency: None,
             lease_ttl: Duration::from_secs(600),
+            shards: 1,
         };
         let mut st = PoolState::new(spec.clone(), now);
         let mut held: Vec<(UpstreamId, LeaseId)> = Vec::new();

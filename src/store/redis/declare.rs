@@ -231,6 +231,7 @@ mod tests {
             strategy,
             max_concurrency: None,
             lease_ttl: Duration::from_secs(60),
+            shards: 1,
         }
     }
 
@@ -252,6 +253,7 @@ mod tests {
         let capped = PoolSpec {
             max_concurrency: Some(3),
             lease_ttl: Duration::from_secs(5),
+            shards: 1,
             ..spec(Strategy::LeastUsed, &["http://a", "http://b"])
         };
         assert_eq!(base, digest(&capped));

@@ -24,7 +24,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::Inner;
 use super::conn::{RECONNECT_MAX, RECONNECT_MIN};
-use crate::store::MemberState;
+use crate::store::{MemberState, shard};
 use crate::upstream::UpstreamId;
 
 /// How often the events connection checks its peer; the only traffic of an idle instance.
@@ -107,7 +107,7 @@ pub(super) async fn run(inner: Arc<Inner>) {
                 // Releases and list changes may have been missed meanwhile.
                 inner.notify_all();
                 for name in inner.pool_names() {
-                    let _ = inner.listed.send(name);
+                    let _ = inner.listed.send(shard::pool_of(&name).to_string());
                 }
             }
             Err(why) => {
@@ -241,7 +241,7 @@ async fn on_message(inner: &Inner, data: Vec<Value>) {
         }
         Some(Event::Listed { origin }) => {
             if origin != inner.instance {
-                let _ = inner.listed.send(name);
+                let _ = inner.listed.send(shard::pool_of(&name).to_string());
             }
         }
         None => tracing::debug!(channel, "unreadable pool event"),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::conn::Deferred;
 use super::scripts::{self, Call};
 use super::{Fault, Inner, PoolLocal, broken, locked, takes_unlisted_leases};
-use crate::store::{MemberChange, MemberState, PoolSpec, Store, StoreError};
+use crate::store::{MemberChange, MemberState, PoolSpec, Store, StoreError, shard};
 use crate::upstream::UpstreamId;
 
 /// Within this long after a pool's state was restored, another "unconfigured" answer is not
@@ -50,7 +50,12 @@ impl Inner {
                     (p.clone(), false)
                 }
                 None => {
-                    let p = Arc::new(PoolLocal::new(&self.prefix, &spec, &self.calls));
+                    let p = Arc::new(PoolLocal::new(
+                        &self.prefix,
+                        &spec,
+                        self.signals.of(&spec.name),
+                        &self.calls,
+                    ));
                     pools.insert(spec.name.clone(), p.clone());
                     (p, true)
                 }
@@ -339,7 +344,7 @@ impl Inner {
         }
         // Nobody listening is fine.
         let _ = self.changes.send(MemberChange {
-            pool: pool.to_string(),
+            pool: shard::pool_of(pool).to_string(),
             upstream,
             state,
         });

@@ -65,6 +65,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use super::memory::MemoryStore;
+use super::shard::Signals;
 use super::{
     Acquired, HEALTH_DEGRADED, HEALTH_OK, LeaseId, LockToken, MemberChange, MemberState, PoolSpec,
     PoolStatus, Store, StoreError, Want,
@@ -205,13 +206,13 @@ impl PoolLocal {
     }
 
     /// A pool's local state, nothing sent yet.
-    fn new(prefix: &str, spec: &PoolSpec, calls: &TaskTracker) -> PoolLocal {
+    fn new(prefix: &str, spec: &PoolSpec, notify: Arc<Notify>, calls: &TaskTracker) -> PoolLocal {
         let live = live::Live::default();
         live.reconfigure(&spec.members, !takes_unlisted_leases(spec));
         PoolLocal {
             keys: PoolKeys::new(prefix, &spec.name),
             spec: ArcSwap::from_pointee(spec.clone()),
-            notify: Arc::new(Notify::new()),
+            notify,
             applied: Mutex::default(),
             restoring: tokio::sync::Mutex::new(None),
             within: Mutex::default(),
@@ -260,6 +261,8 @@ struct Inner {
     changes: broadcast::Sender<MemberChange>,
     /// Pools whose list members another instance changed (see `listed_put.lua`).
     listed: broadcast::Sender<String>,
+    /// The pools' release signals, one for all shards of a pool.
+    signals: Signals,
     /// The events channels to subscribe to (one per pool).
     channels: watch::Sender<BTreeSet<String>>,
     /// The channels the events connection is subscribed to right now.
@@ -316,6 +319,7 @@ impl RedisStore {
             backlog: Mutex::default(),
             changes: broadcast::channel(MEMBER_CHANGES_CAPACITY).0,
             listed: broadcast::channel(MEMBER_CHANGES_CAPACITY).0,
+            signals: Signals::default(),
             channels: watch::channel(BTreeSet::new()).0,
             subscribed: watch::channel(BTreeSet::new()).0,
             stop: stop.clone(),
