@@ -178,18 +178,31 @@ async fn swap_pools(
     pools: PoolSet,
     all: bool,
 ) -> Result<(), StoreError> {
-    let specs: Vec<_> = pools
+    let changed: Vec<_> = pools
         .iter()
         .filter(|p| {
             all || old
                 .get(Some(p.name()))
                 .map_or(true, |o| o.members() != p.members())
         })
-        .map(|p| p.spec())
+        .map(|p| {
+            // Its members' settings live in the store pools of its shards: other shards
+            // start from plain service, so health's settings are applied to them again.
+            let resharded = old
+                .get(Some(p.name()))
+                .is_ok_and(|o| o.config.shards != p.config.shards);
+            (p.spec(), resharded.then(|| p.health.clone()))
+        })
         .collect();
     gw.pools.store(Arc::new(pools));
-    for spec in specs {
+    for (spec, resharded) in changed {
+        let name = spec.name.clone();
         gw.store.configure(spec).await?;
+        if let Some(health) = resharded {
+            for (id, setting) in health.settings() {
+                gw.store.set_member(&name, &id, setting, None).await?;
+            }
+        }
     }
     Ok(())
 }

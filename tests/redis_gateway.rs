@@ -229,6 +229,47 @@ async fn a_granted_member_this_instance_does_not_list_is_asked_past() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_pool_keeps_sessions_across_instances_and_reports_as_one_pool() {
+    let Pair {
+        redis,
+        origin,
+        ups,
+        a,
+        b,
+    } = pair(8, "shards = 4\nmax_concurrency = 4").await;
+    let (ca, cb) = (client_via(&a), client_via(&b));
+    let url = origin.url("/ok");
+    let mut used = HashMap::new();
+    for round in 0..40 {
+        let key = format!("acct-{round}");
+        let (sa, ua) = get(&ca, &url, Some(key.as_str())).await;
+        let (sb, ub) = get(&cb, &url, Some(key.as_str())).await;
+        assert_eq!((sa, sb), (200, 200));
+        assert_eq!(ua, ub, "instances disagree about session {key}");
+        *used.entry(ua).or_insert(0) += 1;
+    }
+    for _ in 0..40 {
+        assert_eq!(get(&ca, &url, None).await.0, 200);
+    }
+    assert!(used.len() > 2, "sessions spread over upstreams: {used:?}");
+    // The pool's state lives in its four shards, not under the pool's own tag.
+    for i in 0..4 {
+        let key = format!("pg:{{default~{i}}}:meta");
+        assert_eq!(redis.cli(&["EXISTS", &key]).trim(), "1", "{key}");
+    }
+    assert_eq!(redis.cli(&["EXISTS", "pg:{default}:meta"]).trim(), "0");
+    // Each instance reports the one pool with all its members and every request counted.
+    for gw in [&a, &b] {
+        let counts = allocations(gw).await;
+        assert_eq!(counts.len(), ups.len(), "{counts:?}");
+        assert_eq!(counts.values().sum::<u64>(), 120, "{counts:?}");
+        let st = status(gw).await;
+        assert_eq!(st["pools"][0]["name"], "default");
+        assert_eq!(st["pools"][0]["sessions_live"], 40);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_session_sent_to_both_instances_at_once_leaves_through_one_upstream() {
     let Pair {
         redis: _redis,

@@ -33,6 +33,7 @@ kind = "etcd"
 upstreams = ["ftp://x:1", "http://u:hunter2@h"]
 strategy = "random"
 max_concurrency = 0
+shards = 65
 queue_timeout = "soon"
 "#,
     );
@@ -44,6 +45,7 @@ queue_timeout = "soon"
         "pools.a.upstreams[1]",
         "pools.a.strategy",
         "pools.a.max_concurrency",
+        "pools.a.shards",
         "pools.a.queue_timeout",
     ] {
         assert!(joined.contains(key), "missing {key} in:\n{joined}");

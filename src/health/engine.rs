@@ -777,6 +777,19 @@ impl PoolHealth {
         self.change_for(e, upstream, Some(t))
     }
 
+    /// The members whose store setting is not plain service, with that setting: what a store
+    /// pool declared afresh (a pool resharded) must be told again.
+    pub fn settings(&self) -> Vec<(UpstreamId, MemberState)> {
+        let e = self.lock();
+        e.members
+            .iter()
+            .filter_map(|id| {
+                let t = e.upstreams.get(id)?;
+                (t.applied != MemberState::IN_SERVICE).then(|| (id.clone(), t.applied))
+            })
+            .collect()
+    }
+
     pub fn state_of(&self, upstream: &UpstreamId) -> Option<State> {
         self.lock()
             .upstreams
