@@ -109,6 +109,14 @@ impl Layout {
         self.names.len()
     }
 
+    /// The shards, the one a session `key` outside any label filter lives in first: where a
+    /// lookup by key alone (which does not say the session's filter) most likely finds it.
+    fn names_for_key(&self, key: &str) -> impl Iterator<Item = &str> {
+        let home = home_shard(key, &self.sizes).unwrap_or(0);
+        let k = self.shards();
+        (0..k).map(move |step| self.names[(home + step) % k].as_str())
+    }
+
     fn name_for(&self, upstream: &UpstreamId) -> &str {
         &self.names[shard_of(upstream, self.shards())]
     }
@@ -371,7 +379,7 @@ impl<S: Store> Store for Sharded<S> {
         };
         // Which shard is the session's depends on its filter, which the key alone does not
         // say; a lookup is not on any request's path.
-        for name in &layout.names {
+        for name in layout.names_for_key(key) {
             if let Some(up) = self.inner.session_upstream(name, key).await? {
                 return Ok(Some(up));
             }
@@ -407,7 +415,7 @@ impl<S: Store> Store for Sharded<S> {
             return self.inner.end_session(pool, key).await;
         };
         let mut ended = false;
-        for name in &layout.names {
+        for name in layout.names_for_key(key) {
             ended |= self.inner.end_session(name, key).await?;
         }
         Ok(ended)
