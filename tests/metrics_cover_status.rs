@@ -35,6 +35,7 @@ const LATENCY: &str = "a latency summary (see poolgate_request_duration_seconds)
 const TABLE: &[(&str, Want)] = &[
     ("uptime_s", Series(&[("poolgate_uptime_seconds", &[])])),
     ("pools[].max_concurrency", Not(CONFIG)),
+    ("pools[].shards", Not(CONFIG)),
     ("pools[].upstreams_page.offset", Not(PAGE)),
     ("pools[].matrix[].cells_total", Not(PAGE)),
     ("pools[].upstreams_page.limit", Not(PAGE)),

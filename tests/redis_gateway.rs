@@ -265,6 +265,7 @@ async fn a_sharded_pool_keeps_sessions_across_instances_and_reports_as_one_pool(
         assert_eq!(counts.values().sum::<u64>(), 120, "{counts:?}");
         let st = status(gw).await;
         assert_eq!(st["pools"][0]["name"], "default");
+        assert_eq!(st["pools"][0]["shards"], 4);
         assert_eq!(st["pools"][0]["sessions_live"], 40);
     }
 }

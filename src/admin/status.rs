@@ -61,6 +61,8 @@ pub struct PoolView {
     pub default: bool,
     pub strategy: &'static str,
     pub max_concurrency: Option<u32>,
+    /// Store pools the pool's state is spread over (`shards`).
+    pub shards: u32,
     pub upstreams_total: usize,
     /// Bytes out through the pool's upstreams (request bodies, tunnel bytes) since start, on this
     /// instance.
@@ -352,6 +354,7 @@ pub async fn collect(gw: &Gateway, listing: &Listing) -> Status {
             default: pool.name() == gw.live.load().default_pool,
             strategy: pool.config.strategy.as_str(),
             max_concurrency: pool.config.max_concurrency.map(|n| n.get()),
+            shards: pool.config.shards,
             upstreams_total: pool.members().len(),
             bytes_up: gw.meter.pool(pool.name()).up,
             bytes_down: gw.meter.pool(pool.name()).down,
