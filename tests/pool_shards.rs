@@ -1,6 +1,7 @@
 //! Sharded pools (`pools.<name>.shards`): what stays exact across shards (a member's cap, a
 //! session's upstream, the pool's status), how plain requests spread and fall over, and, on a
-//! Redis Cluster, that the shards land on several masters while instances still share them.
+//! Redis Cluster, that the shards spread evenly over the masters while instances still share
+//! them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -16,7 +17,7 @@ use common::{
 use poolgate::config::Strategy;
 use poolgate::health::Outcome;
 use poolgate::store::memory::MemoryStore;
-use poolgate::store::shard::{Sharded, shard_name, shard_of};
+use poolgate::store::shard::{Sharded, shard_names, shard_of};
 use poolgate::store::{Acquired, AnyStore, Grant, MemberState, PoolSpec, Store, Subset, Want};
 use poolgate::upstream::UpstreamId;
 
@@ -111,7 +112,11 @@ async fn each_member_lives_in_the_shard_its_id_names_and_status_reports_the_pool
         .unwrap();
     let mut seen = HashSet::new();
     for i in 0..SHARDS as usize {
-        let part = store.inner().status(&shard_name("p", i)).await.unwrap();
+        let part = store
+            .inner()
+            .status(&shard_names("p", SHARDS as usize)[i])
+            .await
+            .unwrap();
         for m in &part.members {
             let id = UpstreamId::new(m.id.as_str());
             assert_eq!(shard_of(&id, SHARDS as usize), i, "{} in shard {i}", m.id);
@@ -228,7 +233,7 @@ async fn a_session_keeps_its_upstream_and_lives_in_one_shard() {
         for i in 0..SHARDS as usize {
             if let Some(u) = store
                 .inner()
-                .session_upstream(&shard_name("p", i), key)
+                .session_upstream(&shard_names("p", SHARDS as usize)[i], key)
                 .await
                 .unwrap()
             {
@@ -323,7 +328,9 @@ async fn a_release_in_any_shard_wakes_a_request_waiting_on_the_pool() {
     for i in 0..SHARDS as usize {
         assert!(Arc::ptr_eq(
             &signal,
-            &store.inner().release_signal(&shard_name("p", i))
+            &store
+                .inner()
+                .release_signal(&shard_names("p", SHARDS as usize)[i])
         ));
     }
     // The last grant's shard: whichever it is, the waiter hears it.
@@ -377,13 +384,21 @@ async fn redis_cluster_shards_spread_over_masters_and_instances_share_them() {
             .await
             .unwrap();
     }
-    let masters: HashSet<usize> = (0..shards as usize)
-        .filter_map(|i| cluster.master_of(&format!("pgshard:{{{}}}:meta", shard_name(&pool, i))))
-        .collect();
+    // Masters hold equal thirds of the slots; the shards spread evenly over the slots.
+    let mut per_master: HashMap<usize, usize> = HashMap::new();
+    for name in shard_names(&pool, shards as usize) {
+        let master = cluster
+            .master_of(&format!("pgshard:{{{name}}}:meta"))
+            .unwrap();
+        *per_master.entry(master).or_default() += 1;
+        // The shard's state is where its name says.
+        let keys = cluster.nodes[master].cli(&["EXISTS", &format!("pgshard:{{{name}}}:meta")]);
+        assert_eq!(keys.trim(), "1", "{name}");
+    }
+    assert_eq!(per_master.len(), 3, "{per_master:?}");
     assert!(
-        masters.len() >= 2,
-        "12 shards on {} master(s)",
-        masters.len()
+        per_master.values().all(|n| (3..=5).contains(n)),
+        "{per_master:?}"
     );
 
     // The cap is global across instances and shards: 48 leases, then no more.

@@ -253,8 +253,8 @@ async fn a_sharded_pool_keeps_sessions_across_instances_and_reports_as_one_pool(
     }
     assert!(used.len() > 2, "sessions spread over upstreams: {used:?}");
     // The pool's state lives in its four shards, not under the pool's own tag.
-    for i in 0..4 {
-        let key = format!("pg:{{default~{i}}}:meta");
+    for name in poolgate::store::shard::shard_names("default", 4) {
+        let key = format!("pg:{{{name}}}:meta");
         assert_eq!(redis.cli(&["EXISTS", &key]).trim(), "1", "{key}");
     }
     assert_eq!(redis.cli(&["EXISTS", "pg:{default}:meta"]).trim(), "0");

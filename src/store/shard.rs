@@ -43,10 +43,39 @@ const MAX_SPLITS: usize = 1024;
 /// starting at a random turn) and time spread the runs over the shards.
 const PLAIN_RUN: u64 = 64;
 
-/// The store's name for shard `index` of `pool`. `~` is not allowed in pool names, so a shard
-/// never meets a pool of the same name.
-pub fn shard_name(pool: &str, index: usize) -> String {
-    format!("{pool}~{index}")
+/// Redis Cluster's hash slots.
+const SLOTS: u32 = 16384;
+
+/// The Redis Cluster slot of keys whose hash tag is `tag`.
+fn slot(tag: &str) -> u32 {
+    u32::from(crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes())) % SLOTS
+}
+
+/// The store's names for the `shards` shards of `pool`: `<pool>~<n>`, the n of shard `i` the
+/// first whose slot lies in the `i`-th of `shards` equal parts of the slot space. A cluster's
+/// masters usually hold equal ranges of slots, so the shards spread evenly over them; plain
+/// `~0`, `~1`… fell 3, 2 and 1 to a master (6 shards, 3 masters, docs/performance.md). The
+/// names depend on the pool's name and `shards` only: every instance finds the same ones. `~`
+/// is not allowed in pool names, so a shard never meets a pool of the same name.
+pub fn shard_names(pool: &str, shards: usize) -> Vec<String> {
+    let part = |i: usize| (i as u64 * u64::from(SLOTS) / shards as u64) as u32;
+    let mut n = 0u64;
+    (0..shards)
+        .map(|i| {
+            let (lo, hi) = (part(i), part(i + 1));
+            // Each candidate lands in a given part with probability 1/shards: a few dozen
+            // tries at most for 64 shards. Bounded all the same: a name outside its part
+            // only spreads less.
+            let first = n;
+            loop {
+                let name = format!("{pool}~{n}");
+                n += 1;
+                if (lo..hi).contains(&slot(&name)) || n - first > 100_000 {
+                    return name;
+                }
+            }
+        })
+        .collect()
 }
 
 /// The pool a store pool belongs to: `eu~3` is a shard of `eu`; any other name is its own pool.
@@ -104,7 +133,7 @@ impl Layout {
     fn new(spec: &PoolSpec, shards: usize) -> (Layout, Vec<Vec<UpstreamId>>) {
         let parts = split(&spec.members, shards);
         let layout = Layout {
-            names: (0..shards).map(|i| shard_name(&spec.name, i)).collect(),
+            names: shard_names(&spec.name, shards),
             sizes: parts.iter().map(Vec::len).collect(),
             members: spec.members.clone(),
             splits: Mutex::default(),
@@ -531,11 +560,31 @@ mod tests {
 
     #[test]
     fn a_shard_names_its_pool_and_nothing_else_does() {
-        assert_eq!(shard_name("eu", 3), "eu~3");
         assert_eq!(pool_of("eu~3"), "eu");
-        assert_eq!(pool_of(&shard_name("us-east_1", 63)), "us-east_1");
+        for name in shard_names("us-east_1", 64) {
+            assert_eq!(pool_of(&name), "us-east_1");
+        }
         for own in ["eu", "eu~", "eu~x", "~", "a~1b"] {
             assert_eq!(pool_of(own), own);
+        }
+    }
+
+    #[test]
+    fn shards_spread_evenly_over_the_cluster_slots() {
+        // Known slots (CLUSTER KEYSLOT): the function is Redis Cluster's.
+        assert_eq!(slot("default~0"), 6327);
+        assert_eq!(slot("default~1"), 2198);
+        for pool in ["default", "residential", "p"] {
+            for k in [2, 3, 6, 12, 64] {
+                let names = shard_names(pool, k);
+                assert_eq!(names, shard_names(pool, k), "the same on every instance");
+                let distinct: std::collections::HashSet<_> = names.iter().collect();
+                assert_eq!(distinct.len(), k);
+                for (i, name) in names.iter().enumerate() {
+                    let part = (slot(name) as usize * k) / SLOTS as usize;
+                    assert_eq!(part, i, "{name} of {k}");
+                }
+            }
         }
     }
 
