@@ -50,6 +50,17 @@ fn memory() -> Gateway {
     Sharded::new(AnyStore::Memory(MemoryStore::new()))
 }
 
+/// Pool `p` of `n` members in [`SHARDS`] shards on the embedded store.
+async fn sharded(n: usize, cap: Option<u32>) -> (Gateway, Vec<UpstreamId>) {
+    let store = memory();
+    let members = ids(n);
+    store
+        .configure(spec("p", &members, cap, SHARDS))
+        .await
+        .unwrap();
+    (store, members)
+}
+
 fn on_redis(url: &str, instance: &str) -> Gateway {
     Sharded::new(redis_store(url, "pgshard", instance))
 }
@@ -104,12 +115,7 @@ fn order_for(key: &str, members: &[UpstreamId]) -> Vec<UpstreamId> {
 
 #[tokio::test]
 async fn each_member_lives_in_the_shard_its_id_names_and_status_reports_the_pool_in_order() {
-    let store = memory();
-    let members = ids(40);
-    store
-        .configure(spec("p", &members, None, SHARDS))
-        .await
-        .unwrap();
+    let (store, members) = sharded(40, None).await;
     let mut seen = HashSet::new();
     for i in 0..SHARDS as usize {
         let part = store
@@ -134,12 +140,7 @@ async fn each_member_lives_in_the_shard_its_id_names_and_status_reports_the_pool
 
 #[tokio::test]
 async fn a_cap_holds_exactly_across_shards() {
-    let store = memory();
-    let members = ids(24);
-    store
-        .configure(spec("p", &members, Some(1), SHARDS))
-        .await
-        .unwrap();
+    let (store, members) = sharded(24, Some(1)).await;
     let mut grants = Vec::new();
     for _ in 0..24 {
         grants.push(granted(store.acquire("p", any()).await.unwrap()));
@@ -163,12 +164,7 @@ async fn a_cap_holds_exactly_across_shards() {
 
 #[tokio::test]
 async fn plain_requests_spread_over_every_shard_and_fall_over_when_one_has_none_in_service() {
-    let store = memory();
-    let members = ids(32);
-    store
-        .configure(spec("p", &members, None, SHARDS))
-        .await
-        .unwrap();
+    let (store, members) = sharded(32, None).await;
     let mut uses: HashMap<UpstreamId, u32> = HashMap::new();
     for _ in 0..9600 {
         let g = granted(store.acquire("p", any()).await.unwrap());
@@ -204,12 +200,7 @@ async fn plain_requests_spread_over_every_shard_and_fall_over_when_one_has_none_
 
 #[tokio::test]
 async fn a_session_keeps_its_upstream_and_lives_in_one_shard() {
-    let store = memory();
-    let members = ids(32);
-    store
-        .configure(spec("p", &members, None, SHARDS))
-        .await
-        .unwrap();
+    let (store, members) = sharded(32, None).await;
     let mut bound = HashMap::new();
     for round in 0..3 {
         for k in 0..200 {
@@ -258,12 +249,7 @@ async fn a_session_keeps_its_upstream_and_lives_in_one_shard() {
 
 #[tokio::test]
 async fn a_label_filter_chooses_among_its_members_in_every_shard() {
-    let store = memory();
-    let members = ids(60);
-    store
-        .configure(spec("p", &members, None, SHARDS))
-        .await
-        .unwrap();
+    let (store, members) = sharded(60, None).await;
     // Every fifth member: spread over the shards.
     let chosen: Vec<UpstreamId> = members.iter().step_by(5).cloned().collect();
     let shards_used: HashSet<_> = chosen
@@ -314,12 +300,7 @@ async fn a_label_filter_chooses_among_its_members_in_every_shard() {
 
 #[tokio::test]
 async fn a_release_in_any_shard_wakes_a_request_waiting_on_the_pool() {
-    let store = Arc::new(memory());
-    let members = ids(8);
-    store
-        .configure(spec("p", &members, Some(1), SHARDS))
-        .await
-        .unwrap();
+    let (store, _) = sharded(8, Some(1)).await;
     let mut grants = Vec::new();
     for _ in 0..8 {
         grants.push(granted(store.acquire("p", any()).await.unwrap()));
@@ -346,12 +327,7 @@ async fn a_release_in_any_shard_wakes_a_request_waiting_on_the_pool() {
 
 #[tokio::test]
 async fn changing_the_shard_count_keeps_serving() {
-    let store = memory();
-    let members = ids(16);
-    store
-        .configure(spec("p", &members, Some(2), SHARDS))
-        .await
-        .unwrap();
+    let (store, members) = sharded(16, Some(2)).await;
     let held = granted(store.acquire("p", any()).await.unwrap());
     store
         .configure(spec("p", &members, Some(2), 1))

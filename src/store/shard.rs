@@ -1,5 +1,5 @@
-//! Pool shards: a pool declared with `shards = k` lives in the store as k pools, `<pool>~0` to
-//! `<pool>~<k-1>`.
+//! Pool shards: a pool declared with `shards = k` lives in the store as k pools, named
+//! `<pool>~<n>` ([`shard_names`]).
 //!
 //! One pool's state is one hash tag, so on a Redis Cluster it is one slot on one master, and a
 //! pool with a cap or least-connections costs Redis enough per request that one core bounds it
@@ -38,8 +38,8 @@ const MAX_SPLITS: usize = 1024;
 /// Consecutive plain acquires an instance sends to one shard before it moves on. The Redis
 /// store batches the acquires (and releases) of one store pool that queue while its last call
 /// is under way, and a call's fixed cost is most of what Redis pays: spreading every request
-/// over k shards cut the batches k-fold and raised Redis's CPU per request 2.5-fold (6 shards,
-/// docs/performance.md). In runs, a busy instance's batches stay whole, and instances (each
+/// over k shards cut the batches k-fold and raised Redis's CPU per request 2-3-fold on a Cluster
+/// (6 shards, docs/performance.md). In runs, a busy instance's batches stay whole, and instances (each
 /// starting at a random turn) and time spread the runs over the shards.
 const PLAIN_RUN: u64 = 64;
 
@@ -262,10 +262,18 @@ impl<S: Store> Sharded<S> {
         layout: &Layout,
         want: Want<'_>,
     ) -> Result<Acquired, StoreError> {
+        let (Want::Any { within, .. } | Want::Session { within, .. }) = want;
+        let split = within.as_ref().map(|s| layout.split(s));
+        let sizes = split.as_ref().map_or(&layout.sizes, |s| &s.sizes);
+        // The filter's members in shard `i`.
+        let within_shard = |i: usize| {
+            within.map(|s| Subset {
+                id: s.id,
+                members: split.as_ref().map_or(&[][..], |p| &p.members[i]),
+            })
+        };
         match want {
-            Want::Any { exclude, within } => {
-                let split = within.as_ref().map(|s| layout.split(s));
-                let sizes = split.as_ref().map_or(&layout.sizes, |s| &s.sizes);
+            Want::Any { exclude, .. } => {
                 let Some(first) = layout.first_shard(sizes) else {
                     return Ok(Acquired::NoCandidates);
                 };
@@ -275,11 +283,10 @@ impl<S: Store> Sharded<S> {
                     if sizes[i] == 0 {
                         continue;
                     }
-                    let within = within.map(|s| Subset {
-                        id: s.id,
-                        members: split.as_ref().map_or(&[][..], |p| &p.members[i]),
-                    });
-                    let want = Want::Any { exclude, within };
+                    let want = Want::Any {
+                        exclude,
+                        within: within_shard(i),
+                    };
                     match self.inner.acquire(&layout.names[i], want).await? {
                         Acquired::AtCapacity => at_capacity = true,
                         Acquired::NoCandidates => {}
@@ -297,10 +304,8 @@ impl<S: Store> Sharded<S> {
                 ttl,
                 preferred,
                 rebind,
-                within,
+                ..
             } => {
-                let split = within.as_ref().map(|s| layout.split(s));
-                let sizes = split.as_ref().map_or(&layout.sizes, |s| &s.sizes);
                 let Some(home) = home_shard(key, sizes) else {
                     return Ok(Acquired::NoCandidates);
                 };
@@ -310,16 +315,12 @@ impl<S: Store> Sharded<S> {
                     .filter(|u| shard_of(u, shards) == home)
                     .cloned()
                     .collect();
-                let within = within.map(|s| Subset {
-                    id: s.id,
-                    members: split.as_ref().map_or(&[][..], |p| &p.members[home]),
-                });
                 let want = Want::Session {
                     key,
                     ttl,
                     preferred: &preferred,
                     rebind,
-                    within,
+                    within: within_shard(home),
                 };
                 self.inner.acquire(&layout.names[home], want).await
             }
