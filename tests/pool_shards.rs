@@ -140,7 +140,7 @@ async fn each_member_lives_in_the_shard_its_id_names_and_status_reports_the_pool
 
 #[tokio::test]
 async fn a_cap_holds_exactly_across_shards() {
-    let (store, members) = sharded(24, Some(1)).await;
+    let (store, _) = sharded(24, Some(1)).await;
     let mut grants = Vec::new();
     for _ in 0..24 {
         grants.push(granted(store.acquire("p", any()).await.unwrap()));
