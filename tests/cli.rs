@@ -257,6 +257,15 @@ fn check_warns_about_risky_but_valid_configs_and_fails_an_open_proxy() {
     );
     assert!(ok && warnings(&err) == 0, "{err}");
 
+    // Shards on the embedded store: valid, and pointless.
+    let (ok, err) = check("[pools.default]\nupstreams = [\"http://127.0.0.1:3128\"]\nshards = 4\n");
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: pools.default.shards") && err.contains("kind = \"redis\""),
+        "{err}"
+    );
+    assert_eq!(warnings(&err), 1, "{err}");
+
     // A client allowlist that admits every address leaves the proxy open.
     let (ok, err) = check(&format!(
         "[server]\nlisten = \"0.0.0.0:8080\"\n[auth]\nclient_cidrs = [\"10.0.0.0/8\", \"0.0.0.0/0\"]\n{pool}"

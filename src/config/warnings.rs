@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use super::Config;
+use super::{Config, StoreConfig};
 use crate::upstream::{Scheme, Upstream};
 
 /// Loopback as the listeners judge it (an IPv4-mapped loopback address counts).
@@ -75,6 +75,16 @@ impl Config {
                      allow_private_targets = false and name the internal targets clients need in \
                      policy.allow_targets",
                     u.id
+                ));
+            }
+        }
+        if self.store == StoreConfig::Memory {
+            let mut sharded: Vec<_> = self.pools.values().filter(|p| p.shards > 1).collect();
+            sharded.sort_by(|a, b| a.name.cmp(&b.name));
+            for p in sharded {
+                out.push(format!(
+                    "pools.{}.shards: {} shards on the embedded store, which one process holds:                      shards spread a pool over a Redis Cluster's masters and gain nothing here;                      remove the key, or set [store] kind = \"redis\"",
+                    p.name, p.shards
                 ));
             }
         }
