@@ -526,3 +526,32 @@ async fn resharding_on_reload_keeps_a_quarantine() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_list_shared_by_another_instance_reaches_this_one_under_the_pool_name() {
+    let server = RedisServer::start().await;
+    let pool = unique("listed");
+    let members = ids(12);
+    let a = on_redis(&server.url(), "listed-a");
+    let b = on_redis(&server.url(), "listed-b");
+    let mut heard = b.subscribe_listed_changes();
+    for s in [&a, &b] {
+        s.configure(spec(&pool, &members, None, SHARDS))
+            .await
+            .unwrap();
+    }
+    let list = "http://10.9.0.1:3128\nhttp://10.9.0.2:3128\n";
+    a.put_listed(&pool, list).await.unwrap();
+    let name = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let name = heard.recv().await.unwrap();
+            if name.starts_with(pool.as_str()) {
+                return name;
+            }
+        }
+    })
+    .await
+    .expect("the list change reached the other instance");
+    assert_eq!(name, pool);
+    assert_eq!(b.listed(&pool).await.unwrap().as_deref(), Some(list));
+}
