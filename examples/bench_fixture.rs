@@ -5,9 +5,10 @@
 //! - `origin`: an HTTP origin answering every request with a fixed 1 KiB body, and a raw TCP
 //!   source for tunnels: a connection that sends the byte `S` gets an endless bulk stream, one
 //!   that sends nothing stays idle.
-//! - `upstream --count N`: N fast fake upstream HTTP proxies (absolute-form forwarding over one
-//!   keep-alive origin connection per client connection, and CONNECT). They dial loopback targets
-//!   only and answer 403 to anything else.
+//! - `upstream --count N [--sink ADDR]`: N fast fake upstream HTTP proxies (absolute-form
+//!   forwarding over one keep-alive origin connection per client connection, and CONNECT). They
+//!   dial loopback targets only and answer 403 to anything else; with `--sink`, every
+//!   absolute-form request goes to that loopback origin whatever host it names.
 //! - `connect-load`: CONNECT setups per second through a proxy (new connection, CONNECT, one
 //!   request through the tunnel, close), N at a time; with `--socks`, SOCKS5 setups (greeting
 //!   without authentication and a CONNECT request instead of HTTP CONNECT). `connect-load`,
@@ -100,6 +101,10 @@ enum Command {
     Upstream {
         #[arg(long, default_value_t = 1)]
         count: usize,
+        /// Forward every absolute-form request to this loopback origin whatever host it names
+        /// (a sink, for loads over many target hosts: nothing else is dialled).
+        #[arg(long)]
+        sink: Option<SocketAddr>,
     },
     /// CONNECT setups per second: connect, CONNECT, one GET through the tunnel, close.
     ConnectLoad {
@@ -222,7 +227,7 @@ fn main() -> Result<(), BoxError> {
         let work = async move {
             match cli.command {
                 Command::Origin => origin().await,
-                Command::Upstream { count } => upstreams(count).await,
+                Command::Upstream { count, sink } => upstreams(count, sink).await,
                 Command::ConnectLoad {
                     proxy,
                     target,
@@ -326,12 +331,17 @@ where
 // Fake upstream proxies
 // ---------------------------------------------------------------------------
 
-async fn upstreams(count: usize) -> Result<(), BoxError> {
+async fn upstreams(count: usize, sink: Option<SocketAddr>) -> Result<(), BoxError> {
+    if sink.is_some_and(|a| !a.ip().is_loopback()) {
+        return Err("--sink must be a loopback address".into());
+    }
     let mut set = JoinSet::new();
     for _ in 0..count.max(1) {
         let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         println!("upstream={}", l.local_addr()?);
-        set.spawn(accept_loop(l, |s| async move { serve_proxy_conn(s).await }));
+        set.spawn(accept_loop(l, move |s| async move {
+            serve_proxy_conn(s, sink).await
+        }));
     }
     println!("ready");
     while set.join_next().await.is_some() {}
@@ -345,11 +355,11 @@ struct OriginConn {
     sender: SendRequest<Incoming>,
 }
 
-async fn serve_proxy_conn(s: TcpStream) {
+async fn serve_proxy_conn(s: TcpStream, sink: Option<SocketAddr>) {
     let origin: Arc<Mutex<Option<OriginConn>>> = Arc::new(Mutex::new(None));
     let svc = service_fn(move |req| {
         let origin = origin.clone();
-        async move { Ok::<_, Infallible>(proxy_request(req, origin).await) }
+        async move { Ok::<_, Infallible>(proxy_request(req, origin, sink).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(s), svc)
@@ -377,6 +387,7 @@ fn status_only(status: StatusCode) -> Response<ProxyBody> {
 async fn proxy_request(
     req: Request<Incoming>,
     origin: Arc<Mutex<Option<OriginConn>>>,
+    sink: Option<SocketAddr>,
 ) -> Response<ProxyBody> {
     if req.method() == Method::CONNECT {
         return proxy_connect(req).await;
@@ -387,8 +398,12 @@ async fn proxy_request(
     if req.uri().scheme_str() != Some("http") {
         return status_only(StatusCode::BAD_REQUEST);
     }
-    let Some(addr) = loopback_target(authority.host(), authority.port_u16().unwrap_or(80)) else {
-        return status_only(StatusCode::FORBIDDEN);
+    let addr = match sink {
+        Some(sink) => sink,
+        None => match loopback_target(authority.host(), authority.port_u16().unwrap_or(80)) {
+            Some(addr) => addr,
+            None => return status_only(StatusCode::FORBIDDEN),
+        },
     };
     let (mut parts, body) = req.into_parts();
     let path = parts
