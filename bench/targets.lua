@@ -5,7 +5,10 @@
 --
 --   wrk -t2 -c32 -d10s -s bench/targets.lua http://127.0.0.1:PROXY/ -- N /1k
 --
--- At the end it prints one line, `wrk-result key=value ...`, as bench/proxy.lua does.
+-- Run from the repository's root: the result line at the end, `wrk-result key=value ...`, is
+-- bench/proxy.lua's `done`, which the bench scripts read.
+
+dofile("bench/proxy.lua")
 
 local n, path = 1, "/1k"
 
@@ -22,13 +25,4 @@ function request()
    local i = math.random(n) - 1
    local host = string.format("198.%d.%d.%d", 18 + math.floor(i / 65536), math.floor(i / 256) % 256, i % 256)
    return wrk.format("GET", "http://" .. host .. path, { Host = host })
-end
-
-function done(summary, latency, requests)
-   local e = summary.errors
-   io.write(string.format(
-      "wrk-result requests=%d duration_us=%d p50_us=%d p99_us=%d connect_errors=%d read_errors=%d write_errors=%d timeouts=%d non2xx=%d\n",
-      summary.requests, summary.duration,
-      latency:percentile(50), latency:percentile(99),
-      e.connect, e.read, e.write, e.timeout, e.status))
 end
