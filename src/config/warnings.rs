@@ -83,7 +83,9 @@ impl Config {
             sharded.sort_by(|a, b| a.name.cmp(&b.name));
             for p in sharded {
                 out.push(format!(
-                    "pools.{}.shards: {} shards on the embedded store, which one process holds:                      shards spread a pool over a Redis Cluster's masters and gain nothing here;                      remove the key, or set [store] kind = \"redis\"",
+                    "pools.{}.shards: {} shards on the embedded store, which one process holds: \
+                     shards spread a pool over a Redis Cluster's masters and gain nothing here; \
+                     remove the key, or set [store] kind = \"redis\"",
                     p.name, p.shards
                 ));
             }
