@@ -264,7 +264,10 @@ fn check_warns_about_risky_but_valid_configs_and_fails_an_open_proxy() {
         err.contains("warning: pools.default.shards") && err.contains("kind = \"redis\""),
         "{err}"
     );
-    assert!(!err.contains("  "), "a warning with a run of spaces:\n{err}");
+    assert!(
+        !err.contains("  "),
+        "a warning with a run of spaces:\n{err}"
+    );
     assert_eq!(warnings(&err), 1, "{err}");
 
     // A client allowlist that admits every address leaves the proxy open.
