@@ -15,7 +15,6 @@
 //! [`Sharded`] wraps a backend and routes every call; pools declared with one shard pass
 //! straight through.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -154,10 +153,6 @@ impl Layout {
         (0..k).map(move |step| self.names[(home + step) % k].as_str())
     }
 
-    fn name_for(&self, upstream: &UpstreamId) -> &str {
-        &self.names[shard_of(upstream, self.shards())]
-    }
-
     /// The subset's members in each shard (kept: the same subset comes back request after
     /// request, and its members do not change under one id).
     fn split(&self, subset: &Subset<'_>) -> Arc<Split> {
@@ -219,6 +214,21 @@ fn split(members: &[UpstreamId], shards: usize) -> Vec<Vec<UpstreamId>> {
     parts
 }
 
+/// The backend's pool a call goes to: the pool itself, or one of its shards.
+enum StorePool<'a> {
+    Whole(&'a str),
+    Shard(Arc<Layout>, usize),
+}
+
+impl StorePool<'_> {
+    fn name(&self) -> &str {
+        match self {
+            StorePool::Whole(pool) => pool,
+            StorePool::Shard(layout, shard) => &layout.names[*shard],
+        }
+    }
+}
+
 /// A backend whose pools may be sharded (see the module documentation).
 pub struct Sharded<S> {
     inner: S,
@@ -249,11 +259,15 @@ impl<S: Store> Sharded<S> {
         layouts.get(pool).cloned()
     }
 
-    /// The store pool that holds `upstream` of `pool`.
-    fn pool_for<'a>(&self, pool: &'a str, upstream: &UpstreamId) -> Cow<'a, str> {
+    /// The store pool that holds `upstream` of `pool` (a release and a record on every
+    /// request: named without a copy of the name).
+    fn pool_for<'a>(&self, pool: &'a str, upstream: &UpstreamId) -> StorePool<'a> {
         match self.layout(pool) {
-            Some(l) => Cow::Owned(l.name_for(upstream).to_string()),
-            None => Cow::Borrowed(pool),
+            Some(l) => {
+                let shard = shard_of(upstream, l.shards());
+                StorePool::Shard(l, shard)
+            }
+            None => StorePool::Whole(pool),
         }
     }
 
@@ -340,7 +354,7 @@ impl Sharded<AnyStore> {
     ) -> Result<(), StoreError> {
         let pool = self.pool_for(pool, upstream);
         self.inner
-            .release_now(&pool, upstream, lease, outcome, latency)
+            .release_now(pool.name(), upstream, lease, outcome, latency)
     }
 
     /// [`AnyStore::settle`].
@@ -393,7 +407,7 @@ impl<S: Store> Store for Sharded<S> {
     ) -> Result<(), StoreError> {
         let pool = self.pool_for(pool, upstream);
         self.inner
-            .release(&pool, upstream, lease, outcome, latency)
+            .release(pool.name(), upstream, lease, outcome, latency)
             .await
     }
 
@@ -405,7 +419,9 @@ impl<S: Store> Store for Sharded<S> {
         latency: Duration,
     ) -> Result<(), StoreError> {
         let pool = self.pool_for(pool, upstream);
-        self.inner.record(&pool, upstream, outcome, latency).await
+        self.inner
+            .record(pool.name(), upstream, outcome, latency)
+            .await
     }
 
     async fn session_upstream(
@@ -433,7 +449,7 @@ impl<S: Store> Store for Sharded<S> {
         lease: LeaseId,
     ) -> Result<(), StoreError> {
         let pool = self.pool_for(pool, upstream);
-        self.inner.extend(&pool, upstream, lease).await
+        self.inner.extend(pool.name(), upstream, lease).await
     }
 
     async fn set_member(
@@ -445,7 +461,7 @@ impl<S: Store> Store for Sharded<S> {
     ) -> Result<(), StoreError> {
         let pool = self.pool_for(pool, upstream);
         self.inner
-            .set_member(&pool, upstream, state, believed)
+            .set_member(pool.name(), upstream, state, believed)
             .await
     }
 
@@ -463,7 +479,7 @@ impl<S: Store> Store for Sharded<S> {
     async fn unbind(&self, pool: &str, key: &str, upstream: &UpstreamId) -> Result<(), StoreError> {
         // A binding lives in the shard of the member it points at.
         let pool = self.pool_for(pool, upstream);
-        self.inner.unbind(&pool, key, upstream).await
+        self.inner.unbind(pool.name(), key, upstream).await
     }
 
     fn release_signal(&self, pool: &str) -> Arc<Notify> {
